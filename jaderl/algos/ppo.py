@@ -1,0 +1,113 @@
+"""PPO: Proximal Policy Optimization with a clipped surrogate objective.
+
+Schulman et al. 2017, https://arxiv.org/abs/1707.06347. Each iteration collects ``horizon`` steps from every
+sub-env with the current policy, estimates advantages with GAE (truncated episodes bootstrap from their final
+observation), and then runs ``num_epochs`` passes of minibatch updates on
+
+    L = -E[min(r A, clip(r, 1 - eps, 1 + eps) A)] + vf_coef E[(V - V_target)^2] - ent_coef E[H(pi)],
+
+where r = pi(a|s) / pi_old(a|s). Discrete actions use a categorical policy, continuous ones a Gaussian with a
+state-independent standard deviation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from torch import nn
+
+from jaderl.core.agent import Agent
+from jaderl.core.buffers import RolloutBuffer
+from jaderl.core.config import Config, ConfigError, param
+from jaderl.core.nets import CategoricalActor, GaussianActor, mlp
+from jaderl.envs.vec import VecEnv
+
+
+@dataclasses.dataclass
+class PPOConfig(Config):
+    """PPO settings; the defaults suit small control tasks with a few hundred parallel sub-envs."""
+
+    num_envs: int = param(64, "sub-envs stepped in one batch", low=1)
+    horizon: int = param(32, "steps each sub-env takes per rollout", low=1)
+    lr: float = param(3e-4, "Adam learning rate", low=0.0, open_low=True)
+    hidden: list[int] = param((64, 64), "hidden layer sizes of the actor and the critic")
+    num_epochs: int = param(10, "passes over each rollout", low=1)
+    minibatch_size: int = param(512, "transitions per gradient step", low=1)
+    clip_ratio: float = param(0.2, "PPO clipping range of the probability ratio", low=0.0, open_low=True)
+    gae_lambda: float = param(0.95, "GAE lambda", low=0.0, high=1.0)
+    ent_coef: float = param(0.0, "entropy bonus weight", low=0.0)
+    vf_coef: float = param(0.5, "value loss weight", low=0.0)
+    max_grad_norm: float = param(0.5, "clip gradient norm to this (0 disables)", low=0.0)
+    normalize_advantages: bool = param(True, "normalise advantages per minibatch")
+
+    def validate(self) -> None:
+        super().validate()
+        if self.minibatch_size > self.num_envs * self.horizon:
+            raise ConfigError(f"minibatch_size={self.minibatch_size} is larger than a rollout "
+                              f"(num_envs * horizon = {self.num_envs * self.horizon}); lower it or collect more")
+
+
+class PPO(Agent):
+    """PPO for discrete (categorical) and continuous (Gaussian) actions."""
+
+    config_cls = PPOConfig
+    on_policy = True
+    config: PPOConfig
+
+    def __init__(self, config: PPOConfig, env: VecEnv, device: torch.device) -> None:
+        super().__init__(config, env, device)
+        actor_cls = CategoricalActor if self.is_discrete else GaussianActor
+        self.actor = actor_cls(self.obs_dim, self.action_dim, config.hidden).to(device)
+        self.critic = mlp([self.obs_dim, *config.hidden, 1], nn.Tanh, out_gain=1.0).to(device)
+        params = [*self.actor.parameters(), *self.critic.parameters()]
+        self.optimizer = self.adam(params, lr=config.lr, eps=1e-5)
+
+    def act(self, obs: torch.Tensor, deterministic: bool = False) -> torch.Tensor:
+        x = self.features(obs)
+        if deterministic:
+            return self.actor(x)
+        action = self.actor.sample(x)
+        return action if self.is_discrete else action.clamp(-1.0, 1.0)
+
+    def explore_action(self, obs: torch.Tensor) -> torch.Tensor:
+        """The unclipped sample: its log-probability is what the update needs (the env clips it to [-1, 1])."""
+        return self.actor.sample(self.features(obs))
+
+    def update(self, buffer: RolloutBuffer) -> dict[str, torch.Tensor]:
+        cfg, data = self.config, buffer.data
+        # 1. values, old log-probabilities and GAE for the whole rollout in three batched calls
+        with torch.no_grad():
+            obs, next_obs = self.features(data["obs"]), self.features(data["next_obs"])
+            value, next_value = self.critic(obs).squeeze(-1), self.critic(next_obs).squeeze(-1)  # (T, N)
+            data["log_prob"] = self.actor.evaluate(obs.flatten(0, 1), data["action"].flatten(0, 1))[0].view_as(value)
+            data["features"] = obs
+            buffer.compute_gae(value, next_value, cfg.gamma, cfg.gae_lambda)
+        batch = buffer.flat()
+        size = batch["reward"].shape[0]
+        # 2. minibatch epochs
+        totals = torch.zeros(5, device=self.device)  # policy loss, value loss, entropy, approx KL, clip fraction
+        num_updates = 0
+        for _ in range(cfg.num_epochs):
+            perm = torch.randperm(size, device=self.device)
+            for start in range(0, size - cfg.minibatch_size + 1, cfg.minibatch_size):
+                mb = {k: v[perm[start:start + cfg.minibatch_size]] for k, v in batch.items()}
+                log_prob, entropy = self.actor.evaluate(mb["features"], mb["action"])
+                log_ratio = log_prob - mb["log_prob"]
+                ratio = log_ratio.exp()
+                adv = mb["advantage"]
+                if cfg.normalize_advantages:
+                    adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+                policy_loss = -torch.min(ratio * adv, ratio.clamp(1 - cfg.clip_ratio, 1 + cfg.clip_ratio) * adv).mean()
+                value_loss = (self.critic(mb["features"]).squeeze(-1) - mb["value_target"]).square().mean()
+                loss = policy_loss + cfg.vf_coef * value_loss - cfg.ent_coef * entropy.mean()
+                self.optimize(self.optimizer, loss)
+                with torch.no_grad():
+                    clip_frac = ((ratio - 1).abs() > cfg.clip_ratio).float().mean()
+                    approx_kl = ((ratio - 1) - log_ratio).mean()  # Schulman's low-variance KL estimator
+                    totals += torch.stack([policy_loss, value_loss, entropy.mean(), approx_kl, clip_frac]).detach()
+                num_updates += 1
+        self.obs_norm.update(data["obs"])
+        totals /= max(num_updates, 1)
+        names = ("loss/policy", "loss/value", "policy/entropy", "policy/approx_kl", "policy/clip_fraction")
+        return dict(zip(names, totals.unbind(), strict=True))

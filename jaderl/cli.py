@@ -1,0 +1,133 @@
+"""The ``jaderl`` command: train, resume, evaluate, and list algorithms and envs (a thin shell over jaderl.api)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import sys
+import time
+from typing import Any, NoReturn
+
+from jaderl import api
+from jaderl.core.config import Config, ConfigError, parse_assignment
+from jaderl.core.loop import TrainingError, TrainResult
+from jaderl.envs.vec import EnvError
+
+# flag -> config field, for the flags that set one
+TRAIN_FLAGS = {"seed": int, "num_envs": int, "total_steps": int, "target_return": float, "time_limit": float,
+               "device": str, "run_dir": str, "eval_every": int, "eval_episodes": int, "checkpoint_every": int}
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        _fail(f"{message} (see `{self.prog} --help`)")
+
+
+def _fail(message: str) -> NoReturn:
+    print(f"jaderl: error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="jaderl", description="Massively parallel deep reinforcement learning.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    train = sub.add_parser("train", help="train an agent (or resume a run with --resume RUN_DIR)")
+    train.add_argument("algo", nargs="?", help="algorithm name (`jaderl algos`)")
+    train.add_argument("env", nargs="?", help="env id (`jaderl envs`) or any Gymnasium id")
+    train.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint")
+    for flag, kind in TRAIN_FLAGS.items():
+        help_text = Config.__dataclass_fields__[flag].metadata["help"]
+        train.add_argument(f"--{flag.replace('_', '-')}", dest=flag, type=kind, help=help_text)
+    train.add_argument("--config", metavar="FILE.yaml", help="read config fields from a YAML file")
+    train.add_argument("--set", dest="overrides", metavar="KEY=VALUE", action="append", default=[],
+                       help="set any config field, e.g. --set lr=0.001 --set hidden=[64,64]")
+    train.add_argument("--json", action="store_true", help="print the result as one JSON object on the last line")
+    evaluate = sub.add_parser("eval", help="evaluate the best policy of a run")
+    evaluate.add_argument("run_dir")
+    evaluate.add_argument("--episodes", type=int, default=10)
+    evaluate.add_argument("--device", default="cpu")
+    evaluate.add_argument("--json", action="store_true")
+    sub.add_parser("algos", help="list the algorithms")
+    sub.add_parser("envs", help="list the built-in envs")
+    return parser
+
+
+class ProgressPrinter:
+    """A live progress line on a terminal; one line per new evaluation otherwise (always on stderr)."""
+
+    def __init__(self) -> None:
+        self.live = sys.stderr.isatty()
+        self.last_print, self.last_eval = 0.0, math.nan
+        self.start, self.start_steps = time.perf_counter(), None
+
+    def __call__(self, info: dict[str, Any]) -> None:
+        now = time.perf_counter()
+        if self.start_steps is None:
+            self.start, self.start_steps = now, info["steps"]
+        new_eval = info["eval_return"] != self.last_eval and not math.isnan(info["eval_return"])
+        if not (new_eval or info["done"] or (self.live and now - self.last_print > 0.5)):
+            return
+        self.last_print, self.last_eval = now, info["eval_return"]
+        rate = (info["steps"] - self.start_steps) / max(now - self.start, 1e-9)
+        line = (f"steps {info['steps']:>10,} | {rate:>10,.0f} steps/s | eval {info['eval_return']:9.2f} "
+                f"(best {info['best_eval_return']:9.2f}) | {info['time_s']:7.1f} s")
+        if self.live:
+            print(f"\r{line}", end="\n" if info["done"] else "", file=sys.stderr, flush=True)
+        elif new_eval or info["done"]:
+            print(line, file=sys.stderr, flush=True)
+
+
+def _train(args: argparse.Namespace) -> TrainResult:
+    settings: dict[str, Any] = {}
+    if args.config:
+        settings.update(Config.read_yaml(args.config))
+    settings.update({k: getattr(args, k) for k in TRAIN_FLAGS if getattr(args, k) is not None})
+    settings.update(dict(parse_assignment(text) for text in args.overrides))
+    if args.resume:
+        if args.algo or args.env:
+            _fail("--resume takes its algorithm and env from the run directory; drop ALGO and ENV")
+        return api.resume(args.resume, progress=ProgressPrinter(), **settings)
+    if not (args.algo and args.env):
+        _fail("train needs ALGO and ENV, e.g. `jaderl train ppo jaderl/CartPole-v1`, or --resume RUN_DIR")
+    return api.train(args.algo, args.env, progress=ProgressPrinter(), **settings)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "train":
+            result = _train(args)
+            out = {k: v if not isinstance(v, float) or math.isfinite(v) else None
+                   for k, v in dataclasses.asdict(result).items()}
+            print(json.dumps(out) if args.json else
+                  f"{result.stop_reason}: {result.steps:,} steps in {result.time_s:.1f} s, best evaluation "
+                  f"{result.best_eval_return:.2f}; run directory {result.run_dir}")
+        elif args.command == "eval":
+            report = api.evaluate(args.run_dir, episodes=args.episodes, device=args.device)
+            print(json.dumps(report) if args.json else
+                  f"{report['mean']:.2f} +- {report['std']:.2f} over {report['episodes']} episodes")
+        elif args.command == "algos":
+            from jaderl.algos import ALGOS
+
+            for name, spec in ALGOS.items():
+                cls = spec.agent_cls
+                spaces = "/".join(s for s, ok in (("discrete", cls.discrete), ("continuous", cls.continuous)) if ok)
+                print(f"{name:<12} {spaces:<20} {spec.summary}")
+        elif args.command == "envs":
+            from jaderl.envs import TORCH_ENVS
+
+            for name, cls in TORCH_ENVS.items():
+                print(f"{name:<22} torch-native, batched on CPU or GPU ({(cls.__doc__ or '').splitlines()[0]})")
+            print("any Gymnasium id       e.g. CartPole-v1, Pendulum-v1, HalfCheetah-v5 (stepped in this process)")
+    except (ConfigError, EnvError, FileNotFoundError) as exc:
+        _fail(str(exc))
+    except TrainingError as exc:
+        print(f"jaderl: error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,171 @@
+"""The agent base class: the four verbs every trainer (single process, pipeline, population) calls.
+
+    act(obs, deterministic)   -> actions for a batch of observations
+    explore(env, horizon)     -> a (T, N, ...) trajectory, stepping the batched env
+    update(buffer)            -> a dict of named statistics (tensors; read them only when logging)
+    state_dict() / load_state_dict()
+
+An algorithm subclasses :class:`Agent`, builds its networks and optimizers in ``__init__`` and writes
+``act`` and ``update``; on-policy algorithms also extend ``explore`` when they need more than the base records.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from jaderl.core.buffers import Batch, ReplayBuffer, RolloutBuffer
+from jaderl.core.config import Config
+from jaderl.core.nets import ObsNorm
+from jaderl.envs.vec import VecEnv
+
+
+class Agent:
+    """Base of every algorithm. Subclasses set the class attributes and implement ``act`` and ``update``."""
+
+    config_cls: ClassVar[type[Config]] = Config
+    on_policy: ClassVar[bool] = False
+    discrete: ClassVar[bool] = True
+    """Whether the algorithm handles Discrete action spaces."""
+    continuous: ClassVar[bool] = True
+    """Whether the algorithm handles Box action spaces."""
+    policy_modules: ClassVar[tuple[str, ...]] = ("actor",)
+    """Attributes (besides ``obs_norm``) that ``act`` needs: the part kept as the best policy."""
+    counters: ClassVar[tuple[str, ...]] = ("steps", "update_debt")
+    """Plain int / float attributes saved in checkpoints."""
+
+    def __init__(self, config: Config, env: VecEnv, device: torch.device) -> None:
+        self.config, self.device = config, device
+        self.num_envs, self.obs_shape = env.num_envs, env.obs_shape
+        self.is_discrete, self.action_dim = env.is_discrete, env.action_dim
+        self.obs_dim = int(torch.tensor(self.obs_shape).prod())
+        self.obs_norm = ObsNorm(self.obs_shape, config.normalize_obs).to(device)
+        self.steps = 0  # env steps explored, all sub-envs counted
+        self.update_debt = 0.0  # fractional gradient steps owed to the env steps collected so far
+        self.last_obs: torch.Tensor | None = None
+        self._episode = torch.zeros(2, env.num_envs, device=device)  # running return, length
+        self._finished = torch.zeros(3, device=device)  # count, summed return, summed length
+
+    # --- the verbs ---
+    def act(self, obs: torch.Tensor, deterministic: bool = False) -> torch.Tensor:
+        """Actions (N,) or (N, action_dim) in [-1, 1] for raw observations (N, *obs_shape)."""
+        raise NotImplementedError
+
+    def explore_action(self, obs: torch.Tensor) -> torch.Tensor:
+        """The action taken while exploring; algorithms override it for random warm-up or epsilon-greedy."""
+        return self.act(obs, deterministic=False)
+
+    @torch.no_grad()
+    def explore(self, env: VecEnv, horizon: int) -> Batch:
+        """Step ``env`` for ``horizon`` steps; returns obs, action, reward, terminated, truncated, next_obs (T, N, ...).
+
+        ``next_obs`` is the observation reached before any auto-reset, so truncated steps can be bootstrapped.
+        Rewards are multiplied by ``config.reward_scale``; episode statistics use the raw rewards.
+        """
+        if self.last_obs is None:  # seed the first reset only: a resumed run keeps its checkpointed env RNG
+            self.last_obs = env.reset(seed=self.config.seed if self.steps == 0 else None)
+        steps: list[tuple[torch.Tensor, ...]] = []
+        for _ in range(horizon):
+            obs = self.last_obs
+            action = self.explore_action(obs)
+            self.last_obs, reward, terminated, truncated, info = env.step(action)
+            steps.append((obs, action, reward, terminated, truncated, info["final_obs"]))
+            self._track_episodes(reward, terminated | truncated)
+        obs, action, reward, terminated, truncated, next_obs = (torch.stack(x) for x in zip(*steps, strict=True))
+        self.steps += horizon * self.num_envs
+        if not self.on_policy:  # on-policy agents update it after learning, so old log-probs stay exact
+            self.obs_norm.update(obs)
+        return {"obs": obs, "action": action, "reward": reward * self.config.reward_scale,
+                "terminated": terminated, "truncated": truncated, "next_obs": next_obs}
+
+    def update(self, buffer: Any) -> dict[str, torch.Tensor]:
+        """Learn from ``buffer``; returns named statistics such as ``loss/critic`` as 0-d tensors."""
+        raise NotImplementedError
+
+    def make_buffer(self) -> ReplayBuffer | RolloutBuffer:
+        """The buffer the training loop feeds ``explore``'s trajectories into."""
+        if self.on_policy:
+            return RolloutBuffer()
+        return ReplayBuffer(self.config.buffer_size, self.num_envs, self.device)
+
+    # --- helpers for subclasses ---
+    def features(self, obs: torch.Tensor) -> torch.Tensor:
+        """Observations (..., *obs_shape) flattened to (..., obs_dim) and normalised (when enabled)."""
+        return self.obs_norm(obs.flatten(obs.dim() - len(self.obs_shape)))
+
+    def owed_updates(self, updates_per_step: float) -> int:
+        """Gradient steps due for the latest ``explore`` call at ``updates_per_step``, carrying the fraction over."""
+        self.update_debt += self.config.horizon * self.num_envs * updates_per_step
+        num_updates = int(self.update_debt)
+        self.update_debt -= num_updates
+        return num_updates
+
+    def _track_episodes(self, reward: torch.Tensor, done: torch.Tensor) -> None:
+        self._episode[0] += reward
+        self._episode[1] += 1
+        done_f = done.float()
+        self._finished[0] += done_f.sum()
+        self._finished[1:] += (self._episode * done_f).sum(1)
+        self._episode *= 1.0 - done_f
+
+    def episode_stats(self) -> dict[str, float]:
+        """Mean return and length of the training episodes finished since the last call (host sync: logging only)."""
+        count, ret, length = self._finished.tolist()
+        self._finished.zero_()
+        return {"train/episode_return": ret / count, "train/episode_length": length / count} if count else {}
+
+    def optimize(self, optimizer: torch.optim.Optimizer, loss: torch.Tensor,
+                 params: list[torch.nn.Parameter] | None = None) -> None:
+        """One optimizer step on ``loss``; gradients flow into ``params`` only (all of the optimizer's if None)."""
+        params = params if params is not None else [p for g in optimizer.param_groups for p in g["params"]]
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward(inputs=params)
+        if self.config.max_grad_norm > 0:
+            nn.utils.clip_grad_norm_(params, self.config.max_grad_norm, foreach=True)
+        optimizer.step()
+
+    @staticmethod
+    def adam(params: Any, lr: float, **kwargs: Any) -> torch.optim.Adam:
+        """Adam with the fused kernel (one call per step instead of a dozen small ops per parameter)."""
+        return torch.optim.Adam(params, lr=lr, fused=True, **kwargs)
+
+    @staticmethod
+    @torch.no_grad()
+    def soft_update(target: nn.Module, source: nn.Module, tau: float) -> None:
+        """Polyak averaging target <- (1 - tau) target + tau source, in one fused call."""
+        torch._foreach_lerp_(list(target.parameters()), list(source.parameters()), tau)
+
+    # --- state ---
+    def _components(self) -> dict[str, nn.Module | torch.optim.Optimizer | nn.Parameter]:
+        kinds = (nn.Module, torch.optim.Optimizer, nn.Parameter)
+        return {k: v for k, v in vars(self).items() if isinstance(v, kinds)}
+
+    def state_dict(self) -> dict[str, Any]:
+        """Every network, parameter, optimizer and counter, as a nested dict of tensors and JSON values."""
+        state: dict[str, Any] = {k: v if isinstance(v, nn.Parameter) else v.state_dict()
+                                 for k, v in self._components().items()}
+        state.update({name: getattr(self, name) for name in self.counters})
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for name, component in self._components().items():
+            if isinstance(component, nn.Parameter):
+                component.data.copy_(state[name])
+            else:
+                component.load_state_dict(state[name])
+        for name in self.counters:
+            setattr(self, name, state[name])
+        self.last_obs = None
+
+    def policy_state_dict(self) -> dict[str, torch.Tensor]:
+        """Flat tensors of the modules ``act`` needs, for the best-policy file."""
+        return {f"{name}.{k}": v for name in ("obs_norm", *self.policy_modules)
+                for k, v in getattr(self, name).state_dict().items()}
+
+    def load_policy_state_dict(self, tensors: dict[str, torch.Tensor]) -> None:
+        for name in ("obs_norm", *self.policy_modules):
+            prefix = f"{name}."
+            own = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
+            getattr(self, name).load_state_dict(own)

@@ -1,0 +1,100 @@
+"""Device-resident buffers: a circular replay buffer of (T, N, ...) tensors and a rollout buffer with GAE."""
+
+from __future__ import annotations
+
+import torch
+
+Batch = dict[str, torch.Tensor]
+
+
+class ReplayBuffer:
+    """Circular buffer of whole horizons: every field is one contiguous (T, N, ...) tensor on ``device``.
+
+    ``add`` writes a (H, N, ...) trajectory at once; ``sample`` draws transitions uniformly over every stored
+    (t, n) pair with one gather per field. Storage is allocated on the first ``add`` from the trajectory's
+    shapes and dtypes, so any field an algorithm records (obs, next_obs, log-probs ...) is kept.
+    """
+
+    def __init__(self, capacity: int, num_envs: int, device: torch.device | str) -> None:
+        self.rows = max(1, -(-capacity // num_envs))  # ceil: capacity counts transitions over all sub-envs
+        self.num_envs, self.device = num_envs, torch.device(device)
+        self.data: Batch = {}
+        self.ptr = 0
+        self.size = 0  # rows filled
+
+    def __len__(self) -> int:
+        return self.size * self.num_envs
+
+    def add(self, traj: Batch) -> None:
+        horizon = next(iter(traj.values())).shape[0]
+        if not self.data:
+            self.data = {k: torch.zeros((self.rows, *v.shape[1:]), dtype=v.dtype, device=self.device)
+                         for k, v in traj.items()}
+        if horizon > self.rows:
+            traj, horizon = {k: v[-self.rows:] for k, v in traj.items()}, self.rows
+        first = min(horizon, self.rows - self.ptr)  # rows before the wrap-around
+        for key, value in traj.items():
+            self.data[key][self.ptr:self.ptr + first] = value[:first]
+            self.data[key][:horizon - first] = value[first:]
+        self.ptr = (self.ptr + horizon) % self.rows
+        self.size = min(self.size + horizon, self.rows)
+
+    def sample(self, batch_size: int) -> Batch:
+        idx = torch.randint(self.size * self.num_envs, (batch_size,), device=self.device)  # flat t * N + n
+        return {k: v.view(-1, *v.shape[2:])[idx] for k, v in self.data.items()}
+
+    def state_dict(self) -> tuple[Batch, dict]:
+        """Tensors of the filled rows and the counters, for checkpoints."""
+        return {k: v[:self.size] for k, v in self.data.items()}, {"ptr": self.ptr, "size": self.size}
+
+    def load_state_dict(self, tensors: Batch, meta: dict) -> None:
+        self.data = {}
+        if tensors:
+            self.add({k: v.to(self.device) for k, v in tensors.items()})  # allocates and fills rows [0, size)
+        self.ptr, self.size = meta["ptr"], meta["size"]
+
+
+def gae(reward: torch.Tensor, value: torch.Tensor, next_value: torch.Tensor, terminated: torch.Tensor,
+        truncated: torch.Tensor, gamma: float, lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalised advantage estimation over (T, N) tensors (Schulman et al. 2016, eq. 16).
+
+    ``next_value[t]`` is V of the observation reached at step t *before* any auto-reset, so a truncated
+    step bootstraps from its real final state, while a terminated step does not bootstrap at all. The
+    recursion stops at every episode end (terminated or truncated). Returns (advantages, value targets).
+    """
+    not_terminated = (~terminated).to(value.dtype)
+    not_done = (~(terminated | truncated)).to(value.dtype)
+    delta = reward + gamma * not_terminated * next_value - value  # (T, N)
+    advantages = torch.empty_like(value)
+    last = torch.zeros_like(value[0])
+    for t in range(reward.shape[0] - 1, -1, -1):  # over time only; every sub-env at once
+        last = delta[t] + gamma * lam * not_done[t] * last
+        advantages[t] = last
+    return advantages, advantages + value
+
+
+class RolloutBuffer:
+    """The latest on-policy trajectory (T, N, ...) and its advantages; refilled by every ``add``."""
+
+    def __init__(self) -> None:
+        self.data: Batch = {}
+
+    def add(self, traj: Batch) -> None:
+        self.data = dict(traj)
+
+    def compute_gae(self, value: torch.Tensor, next_value: torch.Tensor, gamma: float, lam: float) -> None:
+        """Store ``advantage`` and ``value_target`` (T, N) computed from the stored reward and episode ends."""
+        d = self.data
+        d["value"] = value
+        d["advantage"], d["value_target"] = gae(d["reward"], value, next_value, d["terminated"], d["truncated"],
+                                                gamma, lam)
+
+    def flat(self) -> Batch:
+        """Every field reshaped from (T, N, ...) to (T * N, ...)."""
+        return {k: v.reshape(-1, *v.shape[2:]) for k, v in self.data.items()}
+
+    def state_dict(self) -> tuple[Batch, dict]:
+        return {}, {}  # refilled from scratch every iteration: nothing to checkpoint
+
+    def load_state_dict(self, tensors: Batch, meta: dict) -> None:
+        self.data = {}

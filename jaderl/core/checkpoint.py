@@ -1,0 +1,94 @@
+"""Checkpoints: every tensor in safetensors, everything else in JSON, written atomically; nothing is unpickled.
+
+A checkpoint is a nested dict (config, counters, agent state, buffer, RNG states). :func:`save_checkpoint` splits
+it into ``ckpt-STEP.safetensors`` (tensors) and ``checkpoint.json`` (the rest, with references to the tensors).
+Each file is written to a temporary name, flushed to disk and renamed into place; the JSON rename is the commit
+point, so a process killed at any moment leaves the previous complete checkpoint readable.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+CHECKPOINT_JSON = "checkpoint.json"
+
+
+def flatten(obj: Any, tensors: dict[str, torch.Tensor], prefix: str = "") -> Any:
+    """Move every tensor of ``obj`` into ``tensors`` (keyed by its path) and return a JSON-able skeleton."""
+    if isinstance(obj, torch.Tensor):
+        tensors[prefix] = obj.detach().to("cpu", copy=True).contiguous()
+        return {"__tensor__": prefix}
+    if isinstance(obj, dict):
+        if all(isinstance(k, str) for k in obj):
+            return {k: flatten(v, tensors, f"{prefix}/{k}") for k, v in obj.items()}
+        return {"__items__": [[k, flatten(v, tensors, f"{prefix}/{k}")] for k, v in obj.items()]}
+    if isinstance(obj, (list, tuple)):
+        return [flatten(v, tensors, f"{prefix}/{i}") for i, v in enumerate(obj)]
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    raise TypeError(f"cannot checkpoint a value of type {type(obj).__name__} at {prefix}")
+
+
+def unflatten(skeleton: Any, tensors: dict[str, torch.Tensor]) -> Any:
+    """Inverse of :func:`flatten`."""
+    if isinstance(skeleton, dict):
+        if "__tensor__" in skeleton:
+            return tensors[skeleton["__tensor__"]]
+        if "__items__" in skeleton:
+            return {k: unflatten(v, tensors) for k, v in skeleton["__items__"]}
+        return {k: unflatten(v, tensors) for k, v in skeleton.items()}
+    if isinstance(skeleton, list):
+        return [unflatten(v, tensors) for v in skeleton]
+    return skeleton
+
+
+def _atomic_write(path: Path, write: Any) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    write(tmp)
+    with open(tmp, "rb") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def save_tensors(path: str | Path, tensors: dict[str, torch.Tensor]) -> None:
+    """Atomically write a flat dict of tensors as safetensors."""
+    flat = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in tensors.items()}
+    _atomic_write(Path(path), lambda p: save_file(flat, str(p)))
+
+
+def save_checkpoint(run_dir: str | Path, state: dict[str, Any], step: int) -> Path:
+    """Write ``state`` as a checkpoint of ``run_dir`` and drop older tensor files; returns the JSON path."""
+    run_dir = Path(run_dir)
+    tensors: dict[str, torch.Tensor] = {}
+    skeleton = flatten(state, tensors)
+    tensor_file = f"ckpt-{step}.safetensors"
+    _atomic_write(run_dir / tensor_file, lambda p: save_file(tensors, str(p)))
+    text = json.dumps({"tensor_file": tensor_file, "state": skeleton}, indent=1)
+    _atomic_write(run_dir / CHECKPOINT_JSON, lambda p: p.write_text(text))
+    for old in run_dir.glob("ckpt-*.safetensors"):
+        if old.name != tensor_file:
+            old.unlink()
+    return run_dir / CHECKPOINT_JSON
+
+
+def load_checkpoint(run_dir: str | Path, device: torch.device | str = "cpu") -> dict[str, Any]:
+    """Read the latest complete checkpoint of ``run_dir`` with its tensors on ``device``."""
+    run_dir = Path(run_dir)
+    try:
+        meta = json.loads((run_dir / CHECKPOINT_JSON).read_text())
+        tensors = load_file(str(run_dir / meta["tensor_file"]), device=str(device))
+    except (OSError, ValueError, KeyError) as exc:
+        raise FileNotFoundError(f"{run_dir} holds no readable checkpoint ({exc}); "
+                                "pass the run directory of a run that has saved one") from None
+    return unflatten(meta["state"], tensors)

@@ -1,0 +1,157 @@
+"""Typed run settings: the fields every algorithm shares, validated on construction, saved to and loaded from YAML.
+
+An algorithm adds its own fields by subclassing :class:`Config` (see ``jaderl/algos/``). Every field carries a
+docstring-like ``help`` text and, where it has one, the accepted range; a bad value raises :class:`ConfigError`
+with one sentence naming the field and what would be accepted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+import typing
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A config value that is missing, unknown or out of range; the message names the field and the fix."""
+
+
+class _YamlLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, also reading YAML 1.2 floats without a dot (``1e-3``, ``2E5``) as floats, not strings."""
+
+
+_YamlLoader.add_implicit_resolver("tag:yaml.org,2002:float",
+                                  re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"), list("-+0123456789"))
+
+
+def param(default: Any, help: str, low: float | None = None, high: float | None = None, open_low: bool = False) -> Any:
+    """A config field with a help text and an optional accepted range ``[low, high]`` (``(low, high]`` if open_low)."""
+    return dataclasses.field(default=default, metadata={"help": help, "low": low, "high": high, "open_low": open_low})
+
+
+@dataclasses.dataclass
+class Config:
+    """Settings every algorithm shares."""
+
+    algo: str = param("", "registry name of the algorithm; set by jaderl.api")
+    env: str = param("jaderl/Pendulum-v1", "env id: a built-in torch env (`jaderl envs`) or any Gymnasium id")
+    seed: int = param(0, "seed of torch, the envs and the evaluator", low=0)
+    num_envs: int = param(1, "sub-envs stepped in one batch", low=1)
+    horizon: int = param(1, "steps each sub-env takes per explore() call", low=1)
+    total_steps: int = param(100_000, "stop after this many env steps (all sub-envs counted)", low=1)
+    target_return: float | None = param(None, "stop once an evaluation's mean return reaches this")
+    time_limit: float | None = param(None, "stop after this many seconds of training", low=0, open_low=True)
+    device: str = param("auto", "auto, cpu, cuda or cuda:N; auto picks cuda when available")
+    run_dir: str = param("", "where metrics and checkpoints go; empty picks runs/ALGO-ENV-SEED-TIME")
+    gamma: float = param(0.99, "discount factor", low=0.0, high=1.0)
+    lr: float = param(3e-4, "learning rate of every optimizer", low=0.0, open_low=True)
+    hidden: list[int] = param((256, 256), "hidden layer sizes of every MLP")
+    normalize_obs: bool = param(False, "normalise observations by running mean and variance")
+    reward_scale: float = param(1.0, "multiply rewards by this before learning (returns are logged unscaled)",
+                                low=0.0, open_low=True)
+    max_grad_norm: float = param(0.0, "clip gradient norm to this (0 disables)", low=0.0)
+    eval_every: int = param(10_000, "evaluate every this many env steps", low=1)
+    eval_episodes: int = param(10, "deterministic episodes per evaluation, run as parallel sub-envs", low=1)
+    checkpoint_every: int = param(50_000, "checkpoint every this many env steps", low=1)
+    num_threads: int = param(1, "torch CPU threads; 1 is fastest for small networks", low=1)
+
+    def __post_init__(self) -> None:
+        hints = typing.get_type_hints(type(self))
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            setattr(self, field.name, _coerce(field.name, value, hints[field.name]))
+            _check_range(field, getattr(self, field.name))
+        self.validate()
+
+    def validate(self) -> None:
+        """Cross-field checks; subclasses extend it (call super)."""
+        if not self.hidden or any(h < 1 for h in self.hidden):
+            raise ConfigError(f"hidden={self.hidden} is invalid: give one or more positive layer sizes")
+        if self.device != "auto" and not (self.device in ("cpu", "cuda") or self.device.startswith("cuda:")):
+            raise ConfigError(f"device={self.device!r} is invalid: use auto, cpu, cuda or cuda:N")
+
+    # --- dict / YAML round trip ---
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Config:
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            accepted = ", ".join(sorted(names))
+            raise ConfigError(f"unknown field {unknown[0]!r} for {cls.__name__}; accepted fields: {accepted}")
+        return cls(**data)
+
+    def replace(self, **changes: Any) -> Config:
+        return self.from_dict({**self.to_dict(), **changes})
+
+    def save_yaml(self, path: str | Path) -> None:
+        Path(path).write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
+
+    @staticmethod
+    def read_yaml(path: str | Path) -> dict[str, Any]:
+        """Read a YAML mapping of field values (not yet validated: pass it to ``from_dict``)."""
+        try:
+            data = yaml.load(Path(path).read_text(), _YamlLoader)
+        except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+            raise ConfigError(f"cannot read config file {path}: {exc}".splitlines()[0]) from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"config file {path} must hold a mapping of field: value")
+        return data
+
+
+def parse_assignment(text: str) -> tuple[str, Any]:
+    """Parse a ``KEY=VALUE`` override; the value is read as YAML (so ``lr=1e-3``, ``hidden=[64,64]`` work)."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key:
+        raise ConfigError(f"--set {text!r} is malformed: write KEY=VALUE, e.g. --set lr=0.001")
+    try:
+        return key.strip(), yaml.load(raw, _YamlLoader)
+    except yaml.YAMLError:
+        raise ConfigError(f"--set {text!r}: cannot read the value {raw!r}") from None
+
+
+def _coerce(name: str, value: Any, hint: Any) -> Any:
+    """Check ``value`` against the field's type, converting only where no information is lost."""
+    args = typing.get_args(hint)
+    if type(None) in args:
+        if value is None:
+            return None
+        hint = next(a for a in args if a is not type(None))
+    origin = typing.get_origin(hint)
+    if origin is list:
+        if isinstance(value, (list, tuple)) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+            return list(value)
+        raise ConfigError(f"{name}={value!r} is invalid: expected a list of integers")
+    if hint is bool and isinstance(value, bool):
+        return value
+    if hint is int and isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if hint is int and isinstance(value, float) and value.is_integer():
+        return int(value)
+    if hint is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        if math.isnan(value):
+            raise ConfigError(f"{name}=nan is invalid: expected a number")
+        return float(value)
+    if hint is str and isinstance(value, str):
+        return value
+    expected = getattr(hint, "__name__", str(hint))
+    raise ConfigError(f"{name}={value!r} is invalid: expected {'a' if expected != 'int' else 'an'} {expected}")
+
+
+def _check_range(field: dataclasses.Field, value: Any) -> None:
+    low, high, open_low = field.metadata.get("low"), field.metadata.get("high"), field.metadata.get("open_low")
+    if value is None or isinstance(value, (str, list, bool)):
+        return
+    too_low = low is not None and (value <= low if open_low else value < low)
+    too_high = high is not None and value > high
+    if too_low or too_high:
+        lo = "" if low is None else (f"> {low}" if open_low else f">= {low}")
+        hi = "" if high is None else f"<= {high}"
+        raise ConfigError(f"{field.name}={value} is out of range: it must be {' and '.join(filter(None, [lo, hi]))}")

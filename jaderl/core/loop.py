@@ -1,0 +1,161 @@
+"""The single-process training loop: explore -> store -> update -> log -> evaluate -> checkpoint.
+
+``train(config, AgentClass)`` runs until the evaluation reaches ``target_return``, ``total_steps`` env steps are
+done, ``time_limit`` seconds have passed, or a file named ``stop`` appears in the run directory (Ctrl-C stops it
+too, after a last checkpoint). Pass ``resume=True`` with ``config.run_dir`` set to continue from the last checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from jaderl.core.agent import Agent
+from jaderl.core.checkpoint import CHECKPOINT_JSON, load_checkpoint, save_checkpoint
+from jaderl.core.config import Config, ConfigError
+from jaderl.core.evaluator import Evaluator
+from jaderl.envs import make_env
+
+
+class TrainingError(RuntimeError):
+    """Training cannot go on (for example a loss became NaN); the last checkpoint is kept."""
+
+
+@dataclasses.dataclass
+class TrainResult:
+    """What a finished run reports (``jaderl train --json`` prints it)."""
+
+    solved: bool
+    steps: int
+    time_s: float
+    best_eval_return: float
+    last_eval_return: float
+    stop_reason: str
+    run_dir: str
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"device={name!r} was asked for but CUDA is not available; use --device cpu")
+    return torch.device(name)
+
+
+def _prepare_run_dir(config: Config, resume: bool) -> Path:
+    if resume:
+        return Path(config.run_dir)
+    if not config.run_dir:
+        stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+        name = f"{config.algo or 'agent'}-{config.env.replace('/', '_')}-s{config.seed}-{stamp}"
+        config.run_dir = str(Path("runs") / name)
+    run_dir = Path(config.run_dir)
+    if run_dir.exists() and any(run_dir.iterdir()):
+        raise ConfigError(f"run directory {run_dir} already holds a run; "
+                          "resume it with --resume or pick another --run-dir")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return run_dir
+
+
+def train(config: Config, agent_cls: type[Agent], resume: bool = False,
+          progress: Callable[[dict[str, Any]], None] | None = None) -> TrainResult:
+    """Train ``agent_cls`` as ``config`` says, in this process; returns the run's summary."""
+    torch.set_num_threads(config.num_threads)
+    device = resolve_device(config.device)
+    torch.manual_seed(config.seed)
+    env = make_env(config.env, config.num_envs, device, seed=config.seed)
+    kind = "discrete" if env.is_discrete else "continuous"
+    if not (agent_cls.discrete if env.is_discrete else agent_cls.continuous):
+        env.close()
+        raise ConfigError(f"{config.algo or agent_cls.__name__} does not support the {kind} actions of {config.env}; "
+                          "run `jaderl algos` to see which algorithms do")
+    run_dir = _prepare_run_dir(config, resume)
+    agent = agent_cls(config, env, device)
+    buffer = agent.make_buffer()
+    counters: dict[str, Any] = {"time_s": 0.0, "next_eval": config.eval_every,
+                                "next_checkpoint": config.checkpoint_every}
+    if resume:
+        state = load_checkpoint(run_dir)
+        agent.load_state_dict(state["agent"])
+        buffer.load_state_dict(*state["buffer"])
+        counters = state["counters"]
+        torch.set_rng_state(state["rng"]["torch"])
+        if device.type == "cuda" and state["rng"].get("cuda") is not None:
+            torch.cuda.set_rng_state(state["rng"]["cuda"], device)
+        if getattr(env, "generator", None) is not None and state["rng"].get("env") is not None:
+            env.generator.set_state(state["rng"]["env"].to(env.generator.get_state().device))
+    config.save_yaml(run_dir / "config.yaml")
+    eval_env = make_env(config.env, config.eval_episodes, device, seed=config.seed + 1)
+    evaluator = Evaluator(eval_env, run_dir, seed=config.seed + 1, resume_step=agent.steps if resume else None)
+
+    def checkpoint() -> None:
+        rng = {"torch": torch.get_rng_state(),
+               "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
+               "env": env.generator.get_state() if getattr(env, "generator", None) is not None else None}
+        state = {"config": config.to_dict(), "counters": counters, "agent": agent.state_dict(),
+                 "buffer": list(buffer.state_dict()), "rng": rng}
+        save_checkpoint(run_dir, state, agent.steps)
+
+    last_eval, reason = math.nan, ""
+    start = time.perf_counter() - counters["time_s"]
+    stats: dict[str, torch.Tensor] = {}
+    try:
+        while not reason:
+            # 1. explore, store, update
+            traj = agent.explore(env, config.horizon)
+            buffer.add(traj)
+            stats = agent.update(buffer) or stats
+            counters["time_s"] = time.perf_counter() - start
+            # 2. decide whether to stop (the evaluation below may also stop it)
+            if agent.steps >= config.total_steps:
+                reason = "total_steps"
+            elif config.time_limit is not None and counters["time_s"] >= config.time_limit:
+                reason = "time_limit"
+            elif (run_dir / "stop").exists():
+                reason = "stop_file"
+                (run_dir / "stop").unlink()
+            # 3. evaluate and log (the only host syncs of the loop)
+            if agent.steps >= counters["next_eval"] or reason:
+                counters["next_eval"] = (agent.steps // config.eval_every + 1) * config.eval_every
+                logged = _to_floats(stats, agent.steps) | agent.episode_stats()
+                last_eval = evaluator.evaluate(agent, agent.steps, counters["time_s"], logged)["eval_return_mean"]
+                if config.target_return is not None and last_eval >= config.target_return:
+                    reason = "solved"
+            # 4. checkpoint
+            if agent.steps >= counters["next_checkpoint"] or reason:
+                counters["next_checkpoint"] = (agent.steps // config.checkpoint_every + 1) * config.checkpoint_every
+                checkpoint()
+            if progress is not None:
+                progress({"steps": agent.steps, "time_s": counters["time_s"], "eval_return": last_eval,
+                          "best_eval_return": evaluator.best_return, "done": bool(reason)})
+    except KeyboardInterrupt:
+        counters["time_s"] = time.perf_counter() - start
+        checkpoint()
+        reason = "interrupted"
+    finally:
+        env.close()
+        evaluator.close()
+    solved = config.target_return is not None and evaluator.best_return >= config.target_return
+    return TrainResult(solved=solved, steps=agent.steps, time_s=round(counters["time_s"], 3),
+                       best_eval_return=evaluator.best_return, last_eval_return=last_eval, stop_reason=reason,
+                       run_dir=str(run_dir))
+
+
+def _to_floats(stats: dict[str, torch.Tensor], step: int) -> dict[str, float]:
+    values = {k: float(v) for k, v in stats.items()}
+    bad = [k for k, v in values.items() if not math.isfinite(v)]
+    if bad:
+        raise TrainingError(f"{bad[0]} became {values[bad[0]]} by step {step}; lower the learning rate or check the "
+                            "env's rewards (the last checkpoint is kept)")
+    return values
+
+
+def has_checkpoint(run_dir: str | Path) -> bool:
+    return (Path(run_dir) / CHECKPOINT_JSON).exists()

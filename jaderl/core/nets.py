@@ -1,0 +1,169 @@
+"""Networks shared by the algorithms: MLPs, actors, critics (twin / ensemble critics as one batched module)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+
+def mlp(sizes: Sequence[int], activation: type[nn.Module] = nn.ReLU, out_gain: float | None = None) -> nn.Sequential:
+    """Linear layers of ``sizes`` with ``activation`` between them; orthogonal init of the last layer if out_gain."""
+    layers: list[nn.Module] = []
+    for i in range(len(sizes) - 1):
+        layers.append(nn.Linear(sizes[i], sizes[i + 1]))
+        if i < len(sizes) - 2:
+            layers.append(activation())
+    if out_gain is not None:
+        nn.init.orthogonal_(layers[-1].weight, out_gain)
+        nn.init.zeros_(layers[-1].bias)
+    return nn.Sequential(*layers)
+
+
+class ObsNorm(nn.Module):
+    """Running mean / variance of observations (Chan et al. parallel update); its buffers are checkpointed."""
+
+    def __init__(self, shape: Sequence[int], enabled: bool, clip: float = 10.0) -> None:
+        super().__init__()
+        self.enabled, self.clip = enabled, clip
+        self.register_buffer("mean", torch.zeros(shape))
+        self.register_buffer("var", torch.ones(shape))
+        self.register_buffer("count", torch.tensor(1e-4))
+
+    @torch.no_grad()
+    def update(self, obs: torch.Tensor) -> None:
+        if not self.enabled:
+            return
+        batch = obs.reshape(-1, *self.mean.shape).float()
+        n, mean, var = batch.shape[0], batch.mean(0), batch.var(0, unbiased=False)
+        delta, total = mean - self.mean, self.count + n
+        self.var.copy_((self.var * self.count + var * n + delta.square() * self.count * n / total) / total)
+        self.mean.add_(delta * n / total)
+        self.count.copy_(total)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        obs = obs.float()
+        if not self.enabled:
+            return obs
+        return ((obs - self.mean) / (self.var + 1e-8).sqrt()).clamp(-self.clip, self.clip)
+
+
+class CategoricalActor(nn.Module):
+    """Discrete policy: logits from an MLP. Sampling and log-probabilities are written out (no Distribution objects,
+    whose argument checks cost more than the network on small batches)."""
+
+    def __init__(self, obs_dim: int, num_actions: int, hidden: Sequence[int], activation: type[nn.Module] = nn.Tanh):
+        super().__init__()
+        self.net = mlp([obs_dim, *hidden, num_actions], activation, out_gain=0.01)
+
+    def sample(self, obs: torch.Tensor) -> torch.Tensor:
+        """Actions (B,) drawn by the Gumbel-max trick."""
+        logits = self.net(obs)
+        return (logits - torch.rand_like(logits).log_().neg_().log_()).argmax(-1)
+
+    def evaluate(self, obs: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Log-probability (B,) of ``action`` and the policy's entropy (B,)."""
+        log_p = F.log_softmax(self.net(obs), -1)
+        return log_p.gather(-1, action.long().unsqueeze(-1)).squeeze(-1), -(log_p.exp() * log_p).sum(-1)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        """Deterministic action: the most likely one."""
+        return self.net(obs).argmax(-1)
+
+
+class GaussianActor(nn.Module):
+    """Continuous policy N(mean(obs), exp(log_std)) with a state-independent log std (PPO, A2C)."""
+
+    def __init__(self, obs_dim: int, action_dim: int, hidden: Sequence[int], activation: type[nn.Module] = nn.Tanh):
+        super().__init__()
+        self.net = mlp([obs_dim, *hidden, action_dim], activation, out_gain=0.01)
+        self.log_std = nn.Parameter(torch.full((action_dim,), -0.5))
+
+    def sample(self, obs: torch.Tensor) -> torch.Tensor:
+        """Unsquashed actions (B, action_dim); the env clips them to [-1, 1]."""
+        mean = self.net(obs)
+        return mean + self.log_std.exp() * torch.randn_like(mean)
+
+    def evaluate(self, obs: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Log-probability (B,) of ``action`` and the policy's entropy (B,)."""
+        mean = self.net(obs)
+        z = (action - mean) * (-self.log_std).exp()
+        log_prob = (-0.5 * z.square() - self.log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
+        entropy = (0.5 + 0.5 * math.log(2 * math.pi) + self.log_std).sum().expand(mean.shape[0])
+        return log_prob, entropy
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.net(obs).clamp(-1.0, 1.0)
+
+
+class TanhGaussianActor(nn.Module):
+    """Squashed Gaussian policy a = tanh(u), u ~ N(mean, std) (SAC); log-probabilities include the tanh Jacobian."""
+
+    def __init__(self, obs_dim: int, action_dim: int, hidden: Sequence[int]) -> None:
+        super().__init__()
+        self.net = mlp([obs_dim, *hidden, 2 * action_dim])
+
+    def sample(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Reparameterised action (B, action_dim) and its log-probability (B,)."""
+        mean, log_std = self.net(obs).chunk(2, -1)
+        std = log_std.clamp(-5.0, 2.0).exp()
+        u = mean + std * torch.randn_like(mean)
+        # log N(u) - log|d tanh(u)/du|, the latter written stably as 2(log 2 - u - softplus(-2u))
+        log_prob = (-0.5 * ((u - mean) / std).square() - std.log() - 0.5 * math.log(2 * math.pi)
+                    - 2.0 * (math.log(2.0) - u - F.softplus(-2.0 * u))).sum(-1)
+        return torch.tanh(u), log_prob
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.net(obs).chunk(2, -1)[0])
+
+
+class EnsembleLinear(nn.Module):
+    """``num`` independent linear layers applied in one batched matmul: (E, B, in) -> (E, B, out)."""
+
+    def __init__(self, num: int, in_features: int, out_features: int) -> None:
+        super().__init__()
+        bound = 1.0 / math.sqrt(in_features)  # nn.Linear's default init, per member
+        self.weight = nn.Parameter(torch.empty(num, in_features, out_features).uniform_(-bound, bound))
+        self.bias = nn.Parameter(torch.empty(num, 1, out_features).uniform_(-bound, bound))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.baddbmm(self.bias, x, self.weight)
+
+
+class EnsembleQ(nn.Module):
+    """``num`` Q(s, a) critics as one module (twin critics for num=2): returns (E, B)."""
+
+    def __init__(self, obs_dim: int, action_dim: int, hidden: Sequence[int], num: int = 2) -> None:
+        super().__init__()
+        sizes = [obs_dim + action_dim, *hidden, 1]
+        self.num = num
+        self.layers = nn.ModuleList(EnsembleLinear(num, sizes[i], sizes[i + 1]) for i in range(len(sizes) - 1))
+
+    def forward(self, obs: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+        x = torch.cat([obs, action], -1).expand(self.num, -1, -1)  # (E, B, obs+act): shared input, no copy
+        for i, layer in enumerate(self.layers):
+            x = layer(x)
+            if i < len(self.layers) - 1:
+                x = F.relu(x)
+        return x.squeeze(-1)
+
+
+class QNet(nn.Module):
+    """Q(s, .) over discrete actions; ``dueling`` splits it into V(s) + A(s, a) - mean_a A(s, a) (Wang et al. 2016)."""
+
+    def __init__(self, obs_dim: int, num_actions: int, hidden: Sequence[int], dueling: bool = False) -> None:
+        super().__init__()
+        self.dueling = dueling
+        self.body = nn.Sequential(mlp([obs_dim, *hidden]), nn.ReLU())
+        self.advantage = nn.Linear(hidden[-1], num_actions)
+        self.value = nn.Linear(hidden[-1], 1) if dueling else None
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        h = self.body(obs)
+        adv = self.advantage(h)
+        if self.value is None:
+            return adv
+        return self.value(h) + adv - adv.mean(-1, keepdim=True)

@@ -1,0 +1,320 @@
+"""Torch-native batched versions of Gymnasium's classic-control ``Pendulum-v1`` and ``CartPole-v1``.
+
+Both envs follow the :class:`~jaderl.envs.vec.VecEnv` contract and run as pure tensor code (no per-env Python loop,
+no host synchronisation in ``step``), on CPU or CUDA, for any number of sub-envs.
+
+What matches Gymnasium 1.4 (``gymnasium/envs/classic_control/pendulum.py`` and ``cartpole.py``, plus the
+``TimeLimit`` wrapper that ``gym.make`` adds):
+
+* the dynamics: constants, clipping and order of operations of ``step`` (Pendulum: ``thdot`` is updated and clipped
+  to ``[-8, 8]`` first, then ``th`` with the new ``thdot``; CartPole: the ``"euler"`` integrator, positions updated
+  with the old velocities). In float64, a trajectory started from a Gymnasium env's ``unwrapped.state`` with the same
+  actions agrees with Gymnasium to rounding error;
+* the observations (Pendulum ``[cos th, sin th, thdot]``, CartPole ``[x, x_dot, theta, theta_dot]``);
+* the rewards: Pendulum ``-(angle_normalize(th)**2 + .1 * thdot**2 + .001 * u**2)`` computed from the state
+  *before* the step and the clipped torque ``u``; CartPole ``1.0`` on every step, the terminating one included
+  (Gymnasium 1.x default ``sutton_barto_reward=False``);
+* termination: CartPole terminates when, after the update, ``|x| > 2.4`` or ``|theta| > 12 degrees``; Pendulum never
+  terminates;
+* truncation exactly as ``TimeLimit``: a per-sub-env counter of steps since the last reset, and ``truncated`` is
+  ``True`` on the step where it reaches ``max_steps`` (Pendulum 200, CartPole 500) *whether or not* the sub-env also
+  terminated on that step, so both flags can be ``True`` together;
+* the initial-state distributions: Pendulum ``th ~ U(-pi, pi)``, ``thdot ~ U(-1, 1)``; CartPole ``U(-0.05, 0.05)``
+  for each of the four state variables.
+
+What differs from Gymnasium: the random numbers come from a ``torch.Generator`` on the env's device (not NumPy's),
+so seeds do not reproduce Gymnasium's initial states (use :meth:`set_state` for that); Pendulum's action is in
+``[-1, 1]`` and becomes the torque ``2 * clip(action, -1, 1)``, which equals Gymnasium's ``clip(torque, -2, 2)``;
+observations are in the env's ``dtype`` (Gymnasium: float32) while rewards are float32; and finished sub-envs reset
+themselves inside ``step`` with ``info["final_obs"]`` holding the observation they reached (see
+:mod:`jaderl.envs.vec`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from jaderl.envs.vec import EnvError, VecEnv
+
+__all__ = ["TORCH_ENVS", "CartPoleEnv", "PendulumEnv"]
+
+StepResult = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, dict]
+
+
+class _TorchClassicEnv(VecEnv):
+    """Shared machinery: RNG, state storage, step counters, reset, ``set_state``/``state``.
+
+    The state is stored as a ``(state_dim, num_envs)`` tensor so every state variable is a contiguous row.
+    Subclasses define ``state_dim``, ``max_steps``, ``_init_high`` (half-width of the uniform initial state),
+    ``_observe`` and ``step``.
+    """
+
+    state_dim: int
+    _init_high: tuple[float, ...]
+
+    def __init__(
+        self,
+        num_envs: int = 1,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype = torch.float32,
+        seed: int | None = None,
+    ) -> None:
+        if int(num_envs) < 1:
+            raise EnvError(f"num_envs must be at least 1, got {num_envs}")
+        if not dtype.is_floating_point:
+            raise EnvError(f"dtype must be a floating-point dtype (float32 or float64), got {dtype}")
+        self.num_envs = int(num_envs)
+        self.device = torch.device(device)
+        self.dtype = dtype
+        self.generator = torch.Generator(device=self.device)
+        """The env's random stream (initial states); its state is saved in checkpoints."""
+        if seed is None:
+            self.generator.seed()
+        else:
+            self.generator.manual_seed(int(seed))
+        self._state = self._sample_initial()
+        self.elapsed_steps = torch.zeros(self.num_envs, dtype=torch.int64, device=self.device)
+        """Steps each sub-env has taken since its last reset, ``(num_envs,)`` int64 (the ``TimeLimit`` counter)."""
+        # True until the first step/reset/set_state: the first reset() without a seed then keeps the initial state
+        # drawn here, so ``Env(seed=s).reset()`` and ``Env().reset(seed=s)`` give the same states.
+        self._fresh = True
+
+    # ----------------------------------------------------------------------------------------------- state access
+    def _sample_initial(self) -> torch.Tensor:
+        """A fresh initial state for every sub-env, ``(state_dim, num_envs)``, uniform in ``[-high, high]``."""
+        # uniform_(low, high) draws low + (high - low) * U, Gymnasium's formula; one call when all bounds are equal
+        out = torch.empty(self.state_dim, self.num_envs, device=self.device, dtype=self.dtype)
+        if len(set(self._init_high)) == 1:
+            return out.uniform_(-self._init_high[0], self._init_high[0], generator=self.generator)
+        for row, high in zip(out, self._init_high, strict=True):
+            row.uniform_(-high, high, generator=self.generator)
+        return out
+
+    def _observe(self) -> torch.Tensor:
+        """The observation of the current state, a new ``(num_envs, *obs_shape)`` tensor."""
+        raise NotImplementedError
+
+    @property
+    def state(self) -> torch.Tensor:
+        """A copy of the current state, ``(num_envs, state_dim)`` in ``dtype`` (same layout as Gymnasium's
+        ``unwrapped.state``, one row per sub-env)."""
+        return self._state.T.clone(memory_format=torch.contiguous_format)
+
+    def set_state(self, state: torch.Tensor, elapsed_steps: torch.Tensor | int | None = None) -> torch.Tensor:
+        """Overwrite the state of every sub-env and return the matching observation.
+
+        Args:
+            state: ``(num_envs, state_dim)``, one row per sub-env, in Gymnasium's ``unwrapped.state`` layout
+                (Pendulum ``[th, thdot]``, CartPole ``[x, x_dot, theta, theta_dot]``); any array-like is accepted and
+                converted to the env's dtype and device.
+            elapsed_steps: new value of the per-sub-env step counters (an int or a ``(num_envs,)`` tensor); ``None``
+                (the default) leaves the counters as they are, so rewriting the whole state after one sub-env
+                finished does not disturb the others' time limits.
+
+        Returns:
+            The observation ``(num_envs, *obs_shape)`` of the new state.
+        """
+        state = torch.as_tensor(state, dtype=self.dtype, device=self.device)
+        if tuple(state.shape) != (self.num_envs, self.state_dim):
+            raise EnvError(f"state must have shape {(self.num_envs, self.state_dim)}, got {tuple(state.shape)}")
+        self._state.copy_(state.T)
+        if elapsed_steps is not None:
+            steps = torch.as_tensor(elapsed_steps, dtype=torch.int64, device=self.device)
+            self.elapsed_steps.copy_(steps.expand(self.num_envs))
+        self._fresh = False
+        return self._observe()
+
+    # ---------------------------------------------------------------------------------------------- reset / step
+    def reset(self, seed: int | None = None) -> torch.Tensor:
+        """Reset every sub-env to a fresh random initial state and zero the step counters.
+
+        ``seed`` re-seeds the env's generator first (same seed, same initial states and, with the same actions, the
+        same trajectory); without it the generator stream continues, except that the first ``reset()`` after
+        construction returns the initial states the constructor already drew from its ``seed``.
+        """
+        if seed is not None:
+            self.generator.manual_seed(int(seed))
+        elif self._fresh:
+            self._fresh = False
+            return self._observe()
+        self._fresh = False
+        self._state = self._sample_initial()
+        self.elapsed_steps.zero_()
+        return self._observe()
+
+    def _finish_step(self, terminated: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict]:
+        """Count the step, truncate like ``TimeLimit``, auto-reset finished sub-envs (masked, no host sync).
+
+        Returns ``obs``, ``terminated``, ``truncated`` and ``info``.
+        """
+        steps = self.elapsed_steps.add_(1)
+        truncated = steps >= self.max_steps
+        if terminated is None:
+            terminated = torch.zeros_like(truncated)
+            done = truncated
+        else:
+            done = terminated | truncated
+        final_obs = self._observe()
+        torch.where(done, self._sample_initial(), self._state, out=self._state)
+        steps.masked_fill_(done, 0)
+        self._fresh = False
+        return self._observe(), terminated, truncated, {"final_obs": final_obs}
+
+    def _action(self, action: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
+        """``action`` as a ``(num_envs,)`` tensor on the env's device (no copy when it already is one)."""
+        if action.numel() != self.num_envs:
+            raise EnvError(
+                f"expected {self.num_envs} actions (one per sub-env), got a tensor of shape {tuple(action.shape)}"
+            )
+        return action.reshape(self.num_envs).to(device=self.device, dtype=dtype)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(num_envs={self.num_envs}, device={str(self.device)!r}, dtype={self.dtype})"
+
+
+class PendulumEnv(_TorchClassicEnv):
+    """Batched torch ``Pendulum-v1`` (Gymnasium 1.4 dynamics, ``g = 10``, truncated at 200 steps).
+
+    Action: ``(num_envs, 1)`` (or ``(num_envs,)``) floats in ``[-1, 1]``, clipped, torque ``= 2 * action``.
+    Observation: ``(num_envs, 3)`` = ``[cos th, sin th, thdot]``. State: ``[th, thdot]``.
+    """
+
+    state_dim = 2
+    _init_high = (math.pi, 1.0)
+
+    g = 10.0
+    m = 1.0
+    length = 1.0  # Gymnasium's `l`
+    dt = 0.05
+    max_speed = 8.0
+    max_torque = 2.0
+
+    def __init__(
+        self,
+        num_envs: int = 1,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype = torch.float32,
+        seed: int | None = None,
+    ) -> None:
+        """Build ``num_envs`` pendulums on ``device``; the state and observations use ``dtype``.
+
+        ``seed`` seeds the env's ``torch.Generator`` (a random seed when ``None``).
+        """
+        self.obs_shape = (3,)
+        self.is_discrete = False
+        self.action_dim = 1
+        self.max_steps = 200
+        super().__init__(num_envs, device, dtype, seed)
+
+    def _observe(self) -> torch.Tensor:
+        th, thdot = self._state
+        obs = torch.empty(self.num_envs, 3, dtype=self.dtype, device=self.device)
+        torch.cos(th, out=obs[:, 0])  # writing columns in place beats torch.stack(..., dim=1) about 1.5x on CPU
+        torch.sin(th, out=obs[:, 1])
+        obs[:, 2].copy_(thdot)
+        return obs
+
+    def step(self, action: torch.Tensor) -> StepResult:
+        """Advance every pendulum one step of ``dt = 0.05`` s (see the module docstring for what matches Gymnasium)."""
+        u = self._action(action, self.dtype).clamp(-1.0, 1.0).mul_(self.max_torque)
+        th, thdot = self._state  # views (rows) updated in place
+
+        # cost = angle_normalize(th)**2 + .1 * thdot**2 + .001 * u**2, from the state before the step
+        cost = th.add(math.pi).remainder_(2 * math.pi).sub_(math.pi)
+        cost.mul_(cost).addcmul_(thdot, thdot, value=0.1).addcmul_(u, u, value=0.001)
+        reward = cost.neg_().to(torch.float32)
+
+        # newthdot = clip(thdot + (3g/(2l) sin th + 3/(m l^2) u) dt, -8, 8); newth = th + newthdot dt
+        acc = th.sin().mul_(3 * self.g / (2 * self.length)).add_(u, alpha=3.0 / (self.m * self.length**2))
+        thdot.add_(acc, alpha=self.dt).clamp_(-self.max_speed, self.max_speed)
+        th.add_(thdot, alpha=self.dt)
+
+        obs, terminated, truncated, info = self._finish_step(None)
+        return obs, reward, terminated, truncated, info
+
+
+class CartPoleEnv(_TorchClassicEnv):
+    """Batched torch ``CartPole-v1`` (Gymnasium 1.4 dynamics, Euler integrator, truncated at 500 steps).
+
+    Action: ``(num_envs,)`` integers, ``1`` pushes right (force ``+10``), anything else left (``-10``), as in
+    Gymnasium. Observation and state: ``(num_envs, 4)`` = ``[x, x_dot, theta, theta_dot]``. Reward ``1.0`` per step.
+    """
+
+    state_dim = 4
+    _init_high = (0.05, 0.05, 0.05, 0.05)
+
+    gravity = 9.8
+    masscart = 1.0
+    masspole = 0.1
+    total_mass = masspole + masscart
+    length = 0.5  # half the pole's length
+    polemass_length = masspole * length
+    force_mag = 10.0
+    tau = 0.02
+    theta_threshold_radians = 12 * 2 * math.pi / 360
+    x_threshold = 2.4
+
+    def __init__(
+        self,
+        num_envs: int = 1,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype = torch.float32,
+        seed: int | None = None,
+    ) -> None:
+        """Build ``num_envs`` cart-poles on ``device``; the state and observations use ``dtype``.
+
+        ``seed`` seeds the env's ``torch.Generator`` (a random seed when ``None``).
+        """
+        self.obs_shape = (4,)
+        self.is_discrete = True
+        self.action_dim = 2
+        self.max_steps = 500
+        super().__init__(num_envs, device, dtype, seed)
+        self._force_pos = torch.tensor(self.force_mag, dtype=dtype, device=self.device)
+        self._force_neg = torch.tensor(-self.force_mag, dtype=dtype, device=self.device)
+        # |x| > 2.4 or |theta| > 12 deg, checked on the rows [x, theta] of the state at once
+        self._thresholds = torch.tensor(
+            [[self.x_threshold], [self.theta_threshold_radians]], dtype=dtype, device=self.device
+        )
+
+    def _observe(self) -> torch.Tensor:
+        obs = torch.empty(self.num_envs, 4, dtype=self.dtype, device=self.device)
+        obs.T.copy_(self._state)  # faster than self._state.T.clone() on CPU
+        return obs
+
+    def step(self, action: torch.Tensor) -> StepResult:
+        """Advance every cart-pole one Euler step of ``tau = 0.02`` s (see the module docstring)."""
+        force = torch.where(self._action(action, None) == 1, self._force_pos, self._force_neg)
+        x, x_dot, theta, theta_dot = self._state  # views (rows) updated in place
+        costheta = theta.cos()
+        sintheta = theta.sin()
+
+        # temp = (force + polemass_length * theta_dot**2 * sin) / total_mass
+        temp = force.addcmul_(theta_dot * theta_dot, sintheta, value=self.polemass_length).div_(self.total_mass)
+        # thetaacc = (g sin - cos temp) / (length (4/3 - masspole cos^2 / total_mass))
+        thetaacc = sintheta.mul_(self.gravity).addcmul_(costheta, temp, value=-1.0)
+        denom = costheta * costheta
+        denom.mul_(-self.masspole / self.total_mass).add_(4.0 / 3.0).mul_(self.length)
+        thetaacc.div_(denom)
+        # xacc = temp - polemass_length * thetaacc * cos / total_mass
+        xacc = temp.addcmul_(thetaacc, costheta, value=-self.polemass_length / self.total_mass)
+
+        # Euler: positions move with the old velocities
+        x.add_(x_dot, alpha=self.tau)
+        x_dot.add_(xacc, alpha=self.tau)
+        theta.add_(theta_dot, alpha=self.tau)
+        theta_dot.add_(thetaacc, alpha=self.tau)
+
+        terminated = (self._state[0::2].abs() > self._thresholds).any(dim=0)
+        reward = torch.ones(self.num_envs, dtype=torch.float32, device=self.device)
+        obs, terminated, truncated, info = self._finish_step(terminated)
+        return obs, reward, terminated, truncated, info
+
+
+TORCH_ENVS: dict[str, type[VecEnv]] = {
+    "jaderl/Pendulum-v1": PendulumEnv,
+    "jaderl/CartPole-v1": CartPoleEnv,
+}
+"""Torch-native env ids and their classes; each class takes ``(num_envs, device, dtype, seed)``."""

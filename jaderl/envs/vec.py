@@ -1,0 +1,151 @@
+"""The batched environment contract every jaderl trainer sees, and the Gymnasium adapter.
+
+Every env is batched: ``reset`` returns ``(N, *obs_shape)`` and ``step`` takes ``(N,)`` integer actions (discrete)
+or ``(N, action_dim)`` floats in ``[-1, 1]`` (continuous) and returns torch tensors on ``env.device``:
+
+    obs (N, *obs_shape), reward (N,) float32, terminated (N,) bool, truncated (N,) bool, info
+
+Finished sub-envs reset themselves within the same step; ``info["final_obs"]`` is ``(N, *obs_shape)`` and holds
+the observation every sub-env reached with this step, *before* any auto-reset (equal to ``obs`` where nothing
+finished), so a truncated episode can be bootstrapped from its real last state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+
+class EnvError(ValueError):
+    """An environment that cannot be built or that misbehaves; the message says what to change."""
+
+
+class VecEnv:
+    """Base class of the batched env contract (see the module docstring).
+
+    Subclasses set the attributes below in ``__init__`` and implement ``reset`` and ``step``.
+    """
+
+    num_envs: int
+    obs_shape: tuple[int, ...]
+    is_discrete: bool
+    action_dim: int
+    """Number of actions when discrete, size of the action vector when continuous."""
+    max_steps: int
+    """Episode length at which a sub-env is truncated (0 when it has none)."""
+    device: torch.device
+
+    def reset(self, seed: int | None = None) -> torch.Tensor:
+        raise NotImplementedError
+
+    def step(self, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, dict]:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release processes or files held by the env (nothing for torch-native envs)."""
+
+
+class GymnasiumVecEnv(VecEnv):
+    """Adapts a Gymnasium env id, env instance, or vector env (sync or async) to the jaderl contract.
+
+    Box actions are rescaled from ``[-1, 1]`` to the env's bounds; observations and rewards become float32 tensors
+    on ``device`` (uint8 image observations stay uint8). Vector envs must auto-reset in the same step
+    (``autoreset_mode=gym.vector.AutoresetMode.SAME_STEP``), which is what this adapter builds from an id.
+    """
+
+    def __init__(
+        self,
+        env: str | gym.Env | gym.vector.VectorEnv,
+        num_envs: int = 1,
+        device: str | torch.device = "cpu",
+        asynchronous: bool = False,
+        env_kwargs: dict[str, Any] | None = None,
+    ) -> None:
+        self.device = torch.device(device)
+        if isinstance(env, str):
+            factory = _gym_factory(env, env_kwargs or {})
+            vector_cls = gym.vector.AsyncVectorEnv if asynchronous and num_envs > 1 else gym.vector.SyncVectorEnv
+            env = vector_cls([factory] * num_envs, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+        elif isinstance(env, gym.Env):
+            single = env
+            env = gym.vector.SyncVectorEnv([lambda: single], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+        elif not isinstance(env, gym.vector.VectorEnv):
+            raise EnvError(f"cannot adapt {type(env).__name__}: pass a Gymnasium env id, env or vector env")
+        mode = env.metadata.get("autoreset_mode")
+        if mode is not None and mode != gym.vector.AutoresetMode.SAME_STEP:
+            raise EnvError(
+                f"the vector env auto-resets in mode {mode}; build it with "
+                "autoreset_mode=gym.vector.AutoresetMode.SAME_STEP so final observations can be bootstrapped"
+            )
+        self.env = env
+        self.num_envs = env.num_envs
+        obs_space, act_space = env.single_observation_space, env.single_action_space
+        if not isinstance(obs_space, gym.spaces.Box):
+            raise EnvError(f"observation space {obs_space} is not supported: jaderl needs a Box observation space")
+        self.obs_shape = tuple(obs_space.shape)
+        self._obs_dtype = torch.uint8 if obs_space.dtype == np.uint8 else torch.float32
+        if isinstance(act_space, gym.spaces.Discrete):
+            self.is_discrete, self.action_dim = True, int(act_space.n)
+            self._low = self._high = None
+        elif isinstance(act_space, gym.spaces.Box) and len(act_space.shape) == 1:
+            if not (np.isfinite(act_space.low).all() and np.isfinite(act_space.high).all()):
+                raise EnvError(f"action space {act_space} is unbounded: jaderl rescales actions from [-1, 1]")
+            self.is_discrete, self.action_dim = False, int(act_space.shape[0])
+            self._low, self._high = act_space.low.astype(np.float64), act_space.high.astype(np.float64)
+        else:
+            raise EnvError(f"action space {act_space} is not supported: use Discrete or a 1-D Box")
+        base = env.unwrapped  # a vector env built directly has no spec of its own: use its first sub-env's
+        spec = base.spec or (base.get_attr("spec")[0] if hasattr(base, "get_attr") else None)
+        limit = getattr(spec, "max_episode_steps", None) if spec is not None else None
+        self.max_steps = int(limit or 0)
+
+    def _tensor(self, array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+        return torch.as_tensor(np.asarray(array), device=self.device).to(dtype)
+
+    def _check_finite(self, name: str, array: np.ndarray) -> None:
+        if array.dtype != np.uint8 and not np.isfinite(array).all():
+            raise EnvError(f"the env returned a non-finite {name}; fix the env or wrap it to clip or reset")
+
+    def reset(self, seed: int | None = None) -> torch.Tensor:
+        obs, _ = self.env.reset(seed=seed)
+        self._check_finite("observation", obs)
+        return self._tensor(obs, self._obs_dtype)
+
+    def step(self, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, dict]:
+        act = action.detach().cpu().numpy()
+        if self.is_discrete:
+            act = act.astype(np.int64).reshape(self.num_envs)
+        else:
+            act = self._low + (np.clip(act, -1.0, 1.0) + 1.0) * 0.5 * (self._high - self._low)
+            act = act.astype(self.env.single_action_space.dtype)
+        obs, reward, terminated, truncated, info = self.env.step(act)
+        self._check_finite("observation", obs)
+        self._check_finite("reward", np.asarray(reward, dtype=np.float64))
+        done = np.logical_or(terminated, truncated)
+        final_obs = np.array(obs, copy=True)
+        if done.any():
+            final_obs[done] = np.stack(info["final_obs"][done])
+            self._check_finite("observation", final_obs)
+        info = {"final_obs": self._tensor(final_obs, self._obs_dtype)}
+        return (
+            self._tensor(obs, self._obs_dtype),
+            self._tensor(reward, torch.float32),
+            self._tensor(terminated, torch.bool),
+            self._tensor(truncated, torch.bool),
+            info,
+        )
+
+    def close(self) -> None:
+        self.env.close()
+
+
+def _gym_factory(env_id: str, kwargs: dict[str, Any]) -> Callable[[], gym.Env]:
+    try:
+        gym.spec(env_id)
+    except gym.error.Error as exc:
+        raise EnvError(f"unknown env {env_id!r} ({exc}); run `jaderl envs` to list the built-in ones") from None
+    return lambda: gym.make(env_id, **kwargs)

@@ -1,0 +1,187 @@
+"""Tests of jaderl.core.config and the algorithm configs: validation, YAML round trip, --set parsing."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+
+from jaderl.algos import ALGOS, DQNConfig, PPOConfig, SACConfig
+from jaderl.core.config import Config, ConfigError, parse_assignment
+
+CONFIG_CLASSES = [Config, PPOConfig, SACConfig, DQNConfig]
+
+
+@pytest.mark.parametrize("cls", CONFIG_CLASSES)
+def test_defaults_are_valid_and_typed(cls: type[Config]) -> None:
+    config = cls()
+    assert isinstance(config.hidden, list) and all(isinstance(h, int) for h in config.hidden)
+    assert isinstance(config.lr, float) and isinstance(config.total_steps, int)
+
+
+@pytest.mark.parametrize("cls", CONFIG_CLASSES)
+def test_yaml_round_trip(cls: type[Config], tmp_path: Path) -> None:
+    config = cls(seed=7, lr=1e-5, hidden=[17, 5], target_return=123.5, time_limit=3.0, normalize_obs=True,
+                 gamma=0.9, device="cpu", env="CartPole-v1")
+    path = tmp_path / "config.yaml"
+    config.save_yaml(path)
+    assert isinstance(yaml.safe_load(path.read_text()), dict)
+    loaded = cls.from_dict(Config.read_yaml(path))
+    assert loaded == config
+    assert type(loaded.lr) is float and type(loaded.seed) is int and loaded.hidden == [17, 5]
+    assert cls.from_dict(config.to_dict()) == config
+
+
+def test_every_field_has_help() -> None:
+    for cls in CONFIG_CLASSES:
+        for field in dataclasses.fields(cls):
+            assert field.metadata.get("help"), f"{cls.__name__}.{field.name} has no help text"
+
+
+def test_lossless_coercions() -> None:
+    config = Config(total_steps=1e4, lr=1, hidden=(8, 4))  # type: ignore[arg-type]
+    assert config.total_steps == 10_000 and type(config.total_steps) is int
+    assert config.lr == 1.0 and type(config.lr) is float
+    assert config.hidden == [8, 4]
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("total_steps", 1.5),        # would lose information
+    ("total_steps", "100"),      # a string is not an int
+    ("seed", True),              # bool is not an int
+    ("lr", "fast"),
+    ("lr", True),
+    ("normalize_obs", 1),        # int is not a bool
+    ("hidden", [64, "a"]),
+    ("hidden", 64),
+    ("hidden", [64.5]),
+    ("env", 3),
+    ("target_return", "high"),
+])
+def test_bad_types_name_the_field(field: str, value: object) -> None:
+    with pytest.raises(ConfigError, match=rf"^{field}=.*invalid: expected"):
+        Config(**{field: value})
+
+
+@pytest.mark.parametrize("field", ["lr", "gamma", "reward_scale", "target_return", "time_limit"])
+def test_nan_is_rejected(field: str) -> None:
+    with pytest.raises(ConfigError, match=rf"^{field}=nan is invalid"):
+        Config(**{field: math.nan})
+
+
+@pytest.mark.parametrize(("cls", "field", "value", "accepted"), [
+    (Config, "lr", -1e-3, "> 0.0"),
+    (Config, "lr", 0.0, "> 0.0"),
+    (Config, "gamma", 1.5, ">= 0.0 and <= 1.0"),
+    (Config, "gamma", -0.1, ">= 0.0 and <= 1.0"),
+    (Config, "num_envs", 0, ">= 1"),
+    (Config, "seed", -1, ">= 0"),
+    (Config, "time_limit", 0, "> 0"),
+    (Config, "max_grad_norm", -1.0, ">= 0.0"),
+    (PPOConfig, "gae_lambda", 2.0, "<= 1.0"),
+    (PPOConfig, "clip_ratio", 0.0, "> 0.0"),
+    (SACConfig, "tau", 0.0, "> 0.0"),
+    (SACConfig, "num_critics", 0, ">= 1"),
+    (DQNConfig, "epsilon_end", 1.5, "<= 1.0"),
+    (DQNConfig, "warmup_steps", -5, ">= 0"),
+])
+def test_out_of_range_names_field_and_range(cls: type[Config], field: str, value: float, accepted: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        cls(**{field: value})
+    message = str(info.value)
+    assert message.startswith(f"{field}=") and "out of range" in message and accepted in message
+    assert "\n" not in message
+
+
+def test_boundaries_are_accepted() -> None:
+    config = Config(gamma=1.0, seed=0, max_grad_norm=0.0, num_envs=1)
+    assert config.gamma == 1.0
+    assert DQNConfig(warmup_steps=0, tau=1.0).tau == 1.0
+
+
+@pytest.mark.parametrize(("cls", "settings", "names"), [
+    (DQNConfig, {"batch_size": 128, "buffer_size": 64}, ("batch_size", "buffer_size")),
+    (SACConfig, {"batch_size": 512, "buffer_size": 100}, ("batch_size", "buffer_size")),
+    (PPOConfig, {"minibatch_size": 1000, "num_envs": 4, "horizon": 8}, ("minibatch_size",)),
+    (Config, {"hidden": []}, ("hidden",)),
+    (Config, {"hidden": [64, 0]}, ("hidden",)),
+    (Config, {"device": "tpu"}, ("device",)),
+])
+def test_cross_field_checks(cls: type[Config], settings: dict, names: tuple[str, ...]) -> None:
+    with pytest.raises(ConfigError) as info:
+        cls(**settings)
+    assert all(name in str(info.value) for name in names)
+
+
+def test_unknown_field_lists_accepted_ones() -> None:
+    with pytest.raises(ConfigError, match=r"unknown field 'learning_rate' for PPOConfig.*clip_ratio"):
+        PPOConfig.from_dict({"learning_rate": 0.1})
+    with pytest.raises(ConfigError, match="unknown field 'batch_size'"):
+        PPOConfig.from_dict({"batch_size": 64})  # a DQN/SAC field, not a PPO one
+
+
+def test_replace_validates() -> None:
+    config = DQNConfig(buffer_size=1000)
+    assert config.replace(batch_size=32).batch_size == 32
+    assert config.batch_size == 64  # replace returns a new config
+    with pytest.raises(ConfigError, match="batch_size"):
+        config.replace(batch_size=5000)
+    with pytest.raises(ConfigError, match="unknown field"):
+        config.replace(nope=1)
+
+
+def test_presets_are_valid() -> None:
+    for name, spec in ALGOS.items():
+        config = spec.agent_cls.config_cls.from_dict({**spec.preset, "algo": name})
+        assert config.algo == name
+
+
+def test_read_yaml_errors(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read config file"):
+        Config.read_yaml(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("lr: [1, 2\nseed: 3\n")
+    with pytest.raises(ConfigError, match="cannot read config file") as info:
+        Config.read_yaml(bad)
+    assert "\n" not in str(info.value)
+    listed = tmp_path / "list.yaml"
+    listed.write_text("- lr\n- seed\n")
+    with pytest.raises(ConfigError, match="must hold a mapping"):
+        Config.read_yaml(listed)
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("lr=0.001", ("lr", 0.001)),
+    ("lr=1e-3", ("lr", 0.001)),          # the docstring's own example
+    ("total_steps=2e5", ("total_steps", 200_000.0)),
+    ("hidden=[64,64]", ("hidden", [64, 64])),
+    ("normalize_obs=true", ("normalize_obs", True)),
+    ("target_return=null", ("target_return", None)),
+    ("env=CartPole-v1", ("env", "CartPole-v1")),
+    ("run_dir=a=b", ("run_dir", "a=b")),
+    ("seed=3", ("seed", 3)),
+])
+def test_parse_assignment(text: str, expected: tuple) -> None:
+    assert parse_assignment(text) == expected
+
+
+def test_parsed_assignments_build_configs() -> None:
+    settings = dict(parse_assignment(t) for t in ["lr=1e-3", "total_steps=2e5", "hidden=[32,32]", "gamma=0.5"])
+    config = PPOConfig.from_dict(settings)
+    assert config.lr == 0.001 and config.total_steps == 200_000 and config.hidden == [32, 32]
+
+
+def test_yaml_file_with_exponent_floats(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("lr: 3e-4\ntotal_steps: 1e5\n")
+    config = Config.from_dict(Config.read_yaml(path))
+    assert config.lr == 3e-4 and config.total_steps == 100_000
+
+
+@pytest.mark.parametrize("text", ["lr", "=3", "", "hidden=[64,"])
+def test_parse_assignment_malformed(text: str) -> None:
+    with pytest.raises(ConfigError, match="--set"):
+        parse_assignment(text)

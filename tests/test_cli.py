@@ -1,0 +1,281 @@
+"""Tests of the ``jaderl`` command (jaderl.cli): JSON output, listings, one-line errors, and SIGKILL + resume."""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from jaderl.algos import ALGOS
+from jaderl.cli import main
+from jaderl.core.checkpoint import CHECKPOINT_JSON
+from jaderl.envs import TORCH_ENVS
+
+ENV = "jaderl/CartPole-v1"
+TINY = ["--device", "cpu", "--num-envs", "4", "--eval-episodes", "2", "--eval-every", "256", "--checkpoint-every",
+        "256", "--seed", "3", "--set", "hidden=[32,32]", "--set", "horizon=32", "--set", "minibatch_size=64",
+        "--set", "num_epochs=2"]
+
+
+def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    """Call ``main(argv)`` in this process: (exit code, stdout, stderr)."""
+    try:
+        code = main(argv)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _subprocess(argv: list[str], cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", "jaderl.cli", *argv], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def _snapshot(directory: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+def _metric_steps(run_dir: Path) -> list[int]:
+    with open(run_dir / "metrics.csv", newline="") as f:
+        return [int(r["step"]) for r in csv.DictReader(f)]
+
+
+def _assert_one_line_error(code: int, err: str) -> None:
+    assert code == 2, err
+    lines = err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("jaderl: error: "), err
+    assert "Traceback" not in err
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+    """A finished tiny PPO run made by ``jaderl train --json`` (in this process) and its JSON report."""
+    run_dir = tmp_path_factory.mktemp("cli") / "run"
+    out, err = io.StringIO(), io.StringIO()  # capsys is function-scoped: capture by hand
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(["train", "ppo", ENV, "--run-dir", str(run_dir), "--total-steps", "512", "--json", *TINY])
+    assert code == 0, err.getvalue()
+    lines = out.getvalue().splitlines()
+    assert lines, "train --json printed nothing"
+    return run_dir, json.loads(lines[-1])
+
+
+def test_train_json(trained_run: tuple[Path, dict[str, Any]]) -> None:
+    run_dir, report = trained_run
+    assert isinstance(report, dict)
+    assert {"solved", "steps", "time_s", "best_eval_return", "run_dir"} <= set(report)
+    assert report["solved"] is False and report["steps"] == 512 and report["run_dir"] == str(run_dir)
+    assert isinstance(report["time_s"], float) and report["time_s"] > 0
+    assert isinstance(report["best_eval_return"], float) and report["best_eval_return"] >= 1
+    assert _metric_steps(run_dir) == [256, 512]
+
+
+def test_train_text_output(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = _run(["train", "ppo", ENV, "--run-dir", str(tmp_path / "r"), "--total-steps", "256",
+                           "--target-return", "100000", *TINY], capsys)
+    assert code == 0, err
+    assert out.startswith("total_steps: 256 steps") and str(tmp_path / "r") in out
+    assert "steps" in err and "eval" in err  # progress lines go to stderr
+
+
+def test_train_with_config_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text("total_steps: 128\neval_every: 128\nlr: 1e-3\nhidden: [16]\n")
+    code, out, err = _run(["train", "ppo", ENV, "--config", str(config), "--run-dir", str(tmp_path / "r"),
+                           "--device", "cpu", "--num-envs", "4", "--eval-episodes", "1", "--set", "horizon=32",
+                           "--set", "minibatch_size=32", "--set", "num_epochs=1", "--json"], capsys)
+    assert code == 0, err
+    assert json.loads(out.splitlines()[-1])["steps"] == 128
+    saved = (tmp_path / "r" / "config.yaml").read_text()
+    assert "lr: 0.001" in saved and "hidden:\n- 16\n" in saved
+
+
+def test_eval_json(trained_run: tuple[Path, dict[str, Any]], capsys: pytest.CaptureFixture[str]) -> None:
+    run_dir, _ = trained_run
+    code, out, err = _run(["eval", str(run_dir), "--episodes", "3", "--json"], capsys)
+    assert code == 0, err
+    report = json.loads(out.splitlines()[-1])
+    assert {"mean", "std", "episodes"} <= set(report)
+    assert report["episodes"] == 3 and len(report["returns"]) == 3
+    assert report["mean"] >= 1 and report["std"] >= 0
+    code, out, _ = _run(["eval", str(run_dir), "--episodes", "3"], capsys)
+    assert code == 0 and "over 3 episodes" in out and f"{report['mean']:.2f}" in out
+
+
+def test_algos_and_envs(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _run(["algos"], capsys)
+    assert code == 0
+    listed = {line.split()[0]: line for line in out.splitlines()}
+    assert set(listed) == set(ALGOS)
+    assert "discrete/continuous" in listed["ppo"] and "continuous" in listed["sac"] and "discrete" in listed["dqn"]
+    assert "continuous" not in listed["dqn"] and "discrete" not in listed["sac"]
+    code, out, _ = _run(["envs"], capsys)
+    assert code == 0
+    assert all(name in out for name in TORCH_ENVS) and "Gymnasium" in out
+
+
+@pytest.mark.parametrize("argv", [
+    ["train", "nope", ENV],
+    ["train", "ppo", "NoSuchEnv-v0"],
+    ["train", "ppo", "jaderl/Nope-v0"],
+    ["train", "dqn", "Pendulum-v1"],
+    ["train", "double_dqn", "jaderl/Pendulum-v1"],
+    ["train", "sac", ENV],
+    ["train", "ppo", ENV, "--set", "lr"],
+    ["train", "ppo", ENV, "--set", "hidden=[64,"],
+    ["train", "ppo", ENV, "--set", "nope=1"],
+    ["train", "ppo", ENV, "--set", "lr=-1"],
+    ["train", "ppo", ENV, "--set", "lr=nan"],
+    ["train", "ppo", ENV, "--set", "gamma=.nan"],
+    ["train", "ppo", ENV, "--set", "hidden=[0]"],
+    ["train", "ppo", ENV, "--set", "minibatch_size=100000"],
+    ["train", "ppo", ENV, "--total-steps", "0"],
+    ["train", "ppo", ENV, "--seed", "abc"],
+    ["train", "ppo"],
+    ["train"],
+    ["nope"],
+    [],
+])
+def test_errors_are_one_line(argv: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run_dir = tmp_path / "run"
+    if argv[:1] == ["train"] and len(argv) > 1:
+        argv = [*argv, "--run-dir", str(run_dir), "--device", "cpu"]
+    code, out, err = _run(argv, capsys)
+    _assert_one_line_error(code, err)
+    assert out == "" and not run_dir.exists()
+
+
+def test_config_file_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "list.yaml").write_text("- lr: 0.1\n")
+    (tmp_path / "scalar.yaml").write_text("3\n")
+    (tmp_path / "empty.yaml").write_text("")
+    (tmp_path / "broken.yaml").write_text("lr: [0.1\nseed: {\n")
+    (tmp_path / "badvalue.yaml").write_text("lr: -0.5\n")
+    (tmp_path / "unknown.yaml").write_text("learning_rate: 0.1\n")
+    (tmp_path / "binary.yaml").write_bytes(b"\xff\xfe\x00bad")
+    for name in ("missing.yaml", "list.yaml", "scalar.yaml", "empty.yaml", "broken.yaml", "badvalue.yaml",
+                 "unknown.yaml", "binary.yaml", "."):
+        code, _, err = _run(["train", "ppo", ENV, "--config", str(tmp_path / name), "--device", "cpu",
+                             "--run-dir", str(tmp_path / "run")], capsys)
+        _assert_one_line_error(code, err)
+        if name not in ("badvalue.yaml", "unknown.yaml"):
+            assert str(tmp_path / name) in err
+    assert not (tmp_path / "run").exists()
+
+
+def test_resume_and_eval_without_checkpoint(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "notes.txt").write_text("keep me")
+    for argv in (["train", "--resume", str(tmp_path)], ["train", "--resume", str(tmp_path / "missing")],
+                 ["eval", str(tmp_path)], ["eval", str(tmp_path / "missing"), "--json"]):
+        code, out, err = _run(argv, capsys)
+        _assert_one_line_error(code, err)
+        assert out == ""
+    assert _snapshot(tmp_path) == {"notes.txt": b"keep me"}
+
+
+def test_failing_commands_leave_run_dir_intact(trained_run: tuple[Path, dict[str, Any]],
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    run_dir, _ = trained_run
+    before = _snapshot(run_dir)
+    assert {"checkpoint.json", "metrics.csv", "config.yaml", "best_policy.safetensors"} <= set(before)
+    d = str(run_dir)
+    for argv in (["train", "ppo", ENV, "--run-dir", d, "--device", "cpu"],   # exists: needs --resume
+                 ["train", "dqn", "Pendulum-v1", "--run-dir", d, "--device", "cpu"],
+                 ["train", "ppo", ENV, "--resume", d],
+                 ["train", "--resume", d, "--set", "lr=-1"],
+                 ["train", "--resume", d, "--set", "nope=1"],
+                 ["train", "--resume", d, "--set", "total_steps=abc"],
+                 ["train", "--resume", d, "--set", "env=jaderl/Pendulum-v1"],
+                 ["train", "--resume", d, "--set", "algo=dqn"],
+                 ["train", "--resume", d, "--config", d + "/missing.yaml"],
+                 ["train", "--resume", d, "--eval-episodes", "0"],
+                 ["eval", d, "--episodes", "0"]):
+        code, _, err = _run(argv, capsys)
+        _assert_one_line_error(code, err)
+        assert _snapshot(run_dir) == before, f"{argv} changed the run directory"
+
+
+@pytest.mark.parametrize("argv", [["train", "ppo", "NoSuchEnv-v0"], ["train", "dqn", "Pendulum-v1"],
+                                  ["train", "ppo", ENV, "--set", "lr=-1"]])
+def test_errors_in_a_real_process(argv: list[str], tmp_path: Path) -> None:
+    """No warning, log line or traceback slips onto stderr besides the error itself."""
+    proc = _subprocess([*argv, "--run-dir", str(tmp_path / "run"), "--device", "cpu"], cwd=tmp_path)
+    _assert_one_line_error(proc.returncode, proc.stderr)
+    assert proc.stdout == "" and not (tmp_path / "run").exists()
+
+
+def _checkpoint_file(run_dir: Path) -> str | None:
+    try:
+        return json.loads((run_dir / CHECKPOINT_JSON).read_text())["tensor_file"]
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def test_sigkill_then_resume(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    argv = ["train", "ppo", ENV, "--run-dir", str(run_dir), "--checkpoint-every", "2048", "--eval-every", "2048",
+            "--total-steps", "100000000", "--device", "cpu", "--eval-episodes", "2", "--set", "hidden=[32,32]",
+            "--set", "num_epochs=2"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "jaderl.cli", *argv], cwd=tmp_path, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        first, deadline = None, time.monotonic() + 60
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, f"training exited early: {proc.stderr.read() if proc.stderr else ''}"
+            current = _checkpoint_file(run_dir)
+            if first is None:
+                first = current
+            elif current is not None and current != first:
+                break  # a later checkpoint replaced the first one
+            time.sleep(0.02)
+        else:
+            pytest.fail("no second checkpoint within 60 s")
+        proc.send_signal(signal.SIGKILL)
+        assert proc.wait(timeout=10) == -signal.SIGKILL
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if proc.stderr:
+            proc.stderr.close()
+    meta = json.loads((run_dir / CHECKPOINT_JSON).read_text())
+    saved_steps = meta["state"]["agent"]["steps"]
+    assert meta["tensor_file"] == f"ckpt-{saved_steps}.safetensors" and saved_steps >= 4096
+    assert saved_steps % 2048 == 0
+    target = saved_steps + 2 * 2048
+    done = _subprocess(["train", "--resume", str(run_dir), "--total-steps", str(target), "--json"], cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr
+    report = json.loads(done.stdout.splitlines()[-1])
+    assert report["steps"] == target and report["run_dir"] == str(run_dir)
+    assert report["time_s"] >= meta["state"]["counters"]["time_s"]
+    steps = _metric_steps(run_dir)
+    assert len(steps) == len(set(steps)), f"duplicate steps in metrics.csv: {steps}"
+    assert steps == sorted(steps) and steps[-2:] == [saved_steps + 2048, target]
+    assert steps == list(range(2048, target + 1, 2048))  # every evaluation exactly once, none lost
+    assert _checkpoint_file(run_dir) == f"ckpt-{target}.safetensors"
+    assert [p.name for p in run_dir.glob("ckpt-*.safetensors")] == [f"ckpt-{target}.safetensors"]
+
+
+def test_resume_with_the_runs_own_config_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run_dir = tmp_path / "run"
+    code, _, err = _run(["train", "ppo", ENV, "--run-dir", str(run_dir), "--total-steps", "256", *TINY], capsys)
+    assert code == 0, err
+    code, out, err = _run(["train", "--resume", str(run_dir), "--config", str(run_dir / "config.yaml"),
+                           "--total-steps", "384", "--json"], capsys)  # its algo, env and run_dir are unchanged
+    assert code == 0, err
+    assert json.loads(out.splitlines()[-1])["steps"] == 384
+    assert _metric_steps(run_dir) == [256, 384]
