@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The main job: train SAC on the built-in torch Pendulum until it is solved (or 30k steps), printing progress.
-# Leaves runs/demo-pendulum-<time>/ with metrics.csv, learning_curve.png, TensorBoard logs and a checkpoint.
+# The main job: train PPO on the built-in torch Pendulum (256 batched sub-envs) until an evaluation reaches -200,
+# printing progress. Leaves runs/demo-pendulum-<time>/ with metrics.csv, learning_curve.png, TensorBoard logs,
+# the best policy and a checkpoint. Extra arguments go to `jaderl train` (e.g. --device cuda).
 source "$(dirname "$0")/venv.sh"
-jaderl train sac jaderl/Pendulum-v1 --target-return -200 --total-steps 30000 --eval-every 1000 \
-  --set hidden=[64,64] --set lr=0.001 --run-dir "runs/demo-pendulum-$(date +%Y%m%d-%H%M%S)" "$@"
+jaderl train ppo jaderl/Pendulum-v1 --config configs/ppo_pendulum.yaml \
+  --run-dir "runs/demo-pendulum-$(date +%Y%m%d-%H%M%S)" "$@"

@@ -34,7 +34,7 @@ class DQNConfig(Config):
     warmup_steps: int = param(1_000, "env steps of uniformly random actions before learning starts", low=0)
     updates_per_step: float = param(0.5, "gradient steps per env step collected (all sub-envs counted)",
                                     low=0.0, open_low=True)
-    target_update_every: int = param(10, "gradient steps between target network updates", low=1)
+    target_update_every: int = param(100, "gradient steps between target network updates", low=1)
     tau: float = param(1.0, "target update rate: 1 copies the network, less Polyak-averages it",
                        low=0.0, high=1.0, open_low=True)
     epsilon_start: float = param(1.0, "exploration rate at the start", low=0.0, high=1.0)

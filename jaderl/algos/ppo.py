@@ -83,8 +83,9 @@ class PPO(Agent):
             data["log_prob"] = self.actor.evaluate(obs.flatten(0, 1), data["action"].flatten(0, 1))[0].view_as(value)
             data["features"] = obs
             buffer.compute_gae(value, next_value, cfg.gamma, cfg.gae_lambda)
-        batch = buffer.flat()
-        size = batch["reward"].shape[0]
+        batch = {k: v for k, v in buffer.flat().items()
+                 if k in ("features", "action", "log_prob", "advantage", "value_target")}
+        size = batch["advantage"].shape[0]
         # 2. minibatch epochs
         totals = torch.zeros(5, device=self.device)  # policy loss, value loss, entropy, approx KL, clip fraction
         num_updates = 0

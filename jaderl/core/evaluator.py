@@ -58,7 +58,7 @@ class Evaluator:
             writer.writerows(self.rows)
         self.best_return = max((r["eval_return_mean"] for r in self.rows), default=-math.inf)
         self.tb = SummaryWriter(str(run_dir / "tb"))
-        self.last_plot = -math.inf
+        self.last_plot = time.perf_counter()  # short runs draw once, when they close
 
     def evaluate(self, agent: Agent, step: int, time_s: float, stats: dict[str, float]) -> dict[str, float]:
         """Evaluate, log ``stats`` and the result at ``step``, save the policy if it is the best so far."""

@@ -126,6 +126,7 @@ def train(config: Config, agent_cls: type[Agent], resume: bool = False,
                 counters["next_eval"] = (agent.steps // config.eval_every + 1) * config.eval_every
                 logged = _to_floats(stats, agent.steps) | agent.episode_stats()
                 last_eval = evaluator.evaluate(agent, agent.steps, counters["time_s"], logged)["eval_return_mean"]
+                counters["time_s"] = time.perf_counter() - start  # the evaluation counts as training time
                 if config.target_return is not None and last_eval >= config.target_return:
                     reason = "solved"
             # 4. checkpoint

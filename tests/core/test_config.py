@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from jaderl.algos import ALGOS, DQNConfig, PPOConfig, SACConfig
+from jaderl.api import make_config
 from jaderl.core.config import Config, ConfigError, parse_assignment
 
 CONFIG_CLASSES = [Config, PPOConfig, SACConfig, DQNConfig]
@@ -185,3 +186,10 @@ def test_yaml_file_with_exponent_floats(tmp_path: Path) -> None:
 def test_parse_assignment_malformed(text: str) -> None:
     with pytest.raises(ConfigError, match="--set"):
         parse_assignment(text)
+
+
+@pytest.mark.parametrize("path", sorted((Path(__file__).parents[2] / "configs").glob("*.yaml")), ids=lambda p: p.name)
+def test_shipped_config_files_are_valid(path: Path) -> None:
+    algo = path.name.split("_")[0]
+    config = make_config(algo, "jaderl/Pendulum-v1", **Config.read_yaml(path))
+    assert config.algo == algo
