@@ -451,7 +451,8 @@ def report(tasks: list[Task], results: dict[str, list[RunResult]], quick: bool, 
         "(jaderl: from the start of its training loop; SB3: from `model.learn`); *incl. setup* adds building envs "
         "and model. Unsolved runs count with the steps and time they used. Each run is a fresh subprocess; runs "
         "are sequential, alternating libraries per seed. SB3 evaluates with `evaluate_policy` on a 10-env "
-        "DummyVecEnv (one episode per sub-env), seeded with seed + 1 + k at evaluation k, as jaderl seeds its evaluations.",
+        "DummyVecEnv (one episode per sub-env), seeded with seed + 1 + k at evaluation k, as jaderl seeds "
+        "its evaluations.",
     ]
     if quick:
         header.append("**--quick smoke check: 1 seed and small budgets; not a benchmark result.**")
