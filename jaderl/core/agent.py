@@ -11,6 +11,7 @@ An algorithm subclasses :class:`Agent`, builds its networks and optimizers in ``
 
 from __future__ import annotations
 
+import math
 from typing import Any, ClassVar
 
 import torch
@@ -40,7 +41,7 @@ class Agent:
         self.config, self.device = config, device
         self.num_envs, self.obs_shape = env.num_envs, env.obs_shape
         self.is_discrete, self.action_dim = env.is_discrete, env.action_dim
-        self.obs_dim = int(torch.tensor(self.obs_shape).prod())
+        self.obs_dim = math.prod(self.obs_shape)
         self.obs_norm = ObsNorm(self.obs_shape, config.normalize_obs).to(device)
         self.steps = 0  # env steps explored, all sub-envs counted
         self.update_debt = 0.0  # fractional gradient steps owed to the env steps collected so far
