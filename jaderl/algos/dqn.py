@@ -1,12 +1,16 @@
-"""DQN with a target network and an epsilon-greedy schedule; Double and Dueling DQN as options.
+"""DQN with a target network and epsilon-greedy exploration; Double, Dueling, Noisy and n-step DQN as options.
 
-Mnih et al. 2015 (https://doi.org/10.1038/nature14236). Each gradient step regresses Q(s, a) on the one-step target
+Mnih et al. 2015 (https://doi.org/10.1038/nature14236). Each gradient step regresses Q(s, a) on the target
 
-    y = r + gamma (1 - terminated) Q_target(s', argmax_a' Q(s', a'))      (double=True, van Hasselt et al. 2016)
-    y = r + gamma (1 - terminated) max_a' Q_target(s', a')                 (double=False)
+    y = R + gamma^k (1 - terminated) Q_target(s', argmax_a' Q(s', a'))      (double=True, van Hasselt et al. 2016)
+    y = R + gamma^k (1 - terminated) max_a' Q_target(s', a')                 (double=False)
 
-with the Huber loss. ``dueling=True`` splits Q into V(s) + A(s, a) - mean_a A(s, a) (Wang et al. 2016). The
-target network is copied every ``target_update_every`` gradient steps (``tau=1``) or Polyak-averaged (``tau<1``).
+where R sums the discounted rewards of up to k = ``n_step`` steps (Sutton 1988; k = 1 is plain DQN), with the
+Huber loss, importance-weighted when ``use_per`` (prioritized replay, Schaul et al. 2016). ``dueling=True`` splits Q
+into V(s) + A(s, a) - mean_a A(s, a) (Wang et al. 2016); ``noisy=True`` explores with factorised Gaussian noisy
+layers instead of epsilon (Fortunato et al. 2018). The target network is copied every ``target_update_every``
+gradient steps (``tau=1``) or Polyak-averaged (``tau<1``); ``max_grad_norm`` clips gradients, and ``reward_scale``
+rescales rewards instead of clipping them.
 """
 
 from __future__ import annotations
@@ -17,21 +21,20 @@ import dataclasses
 import torch
 from torch.nn import functional as F
 
-from jaderl.core.agent import Agent
+from jaderl.core.agent import OffPolicyAgent
 from jaderl.core.buffers import ReplayBuffer
-from jaderl.core.config import Config, ConfigError, param
+from jaderl.core.config import OffPolicyConfig, param
 from jaderl.core.nets import QNet
 from jaderl.envs.vec import VecEnv
 
 
 @dataclasses.dataclass
-class DQNConfig(Config):
+class DQNConfig(OffPolicyConfig):
     """DQN settings; the defaults follow RL-Zoo's CartPole-v1 tuning."""
 
     lr: float = param(2.3e-3, "Adam learning rate", low=0.0, open_low=True)
     buffer_size: int = param(100_000, "replay capacity in transitions", low=1)
     batch_size: int = param(64, "transitions per gradient step", low=1)
-    warmup_steps: int = param(1_000, "env steps of uniformly random actions before learning starts", low=0)
     updates_per_step: float = param(0.5, "gradient steps per env step collected (all sub-envs counted)",
                                     low=0.0, open_low=True)
     target_update_every: int = param(100, "gradient steps between target network updates", low=1)
@@ -43,26 +46,21 @@ class DQNConfig(Config):
     max_grad_norm: float = param(10.0, "clip gradient norm to this (0 disables)", low=0.0)
     double: bool = param(False, "Double DQN: the online network picks the target action")
     dueling: bool = param(False, "Dueling DQN: separate value and advantage streams")
-
-    def validate(self) -> None:
-        super().validate()
-        if self.batch_size > self.buffer_size:
-            raise ConfigError(f"batch_size={self.batch_size} is larger than buffer_size={self.buffer_size}; "
-                              "lower batch_size or raise buffer_size")
+    noisy: bool = param(False, "Noisy DQN: noisy layers explore (set epsilon_start=epsilon_end=0 to rely on them)")
 
 
-class DQN(Agent):
-    """DQN, Double DQN and Dueling DQN for discrete actions."""
+class DQN(OffPolicyAgent):
+    """DQN and its Double, Dueling, Noisy and n-step variants for discrete actions."""
 
     config_cls = DQNConfig
     continuous = False
     policy_modules = ("q_net",)
-    counters = (*Agent.counters, "num_updates")
+    counters = (*OffPolicyAgent.counters, "num_updates")
     config: DQNConfig
 
     def __init__(self, config: DQNConfig, env: VecEnv, device: torch.device) -> None:
         super().__init__(config, env, device)
-        self.q_net = QNet(self.obs_dim, self.action_dim, config.hidden, config.dueling).to(device)
+        self.q_net = QNet(self.obs_dim, self.action_dim, config.hidden, config.dueling, config.noisy).to(device)
         self.q_target = copy.deepcopy(self.q_net).requires_grad_(False)
         self.optimizer = self.adam(self.q_net.parameters(), lr=config.lr)
         self.num_updates = 0
@@ -73,7 +71,7 @@ class DQN(Agent):
         return cfg.epsilon_start + frac * (cfg.epsilon_end - cfg.epsilon_start)
 
     def act(self, obs: torch.Tensor, deterministic: bool = False) -> torch.Tensor:
-        return self.q_net(self.features(obs)).argmax(-1)
+        return self.q_net(self.features(obs), noise=not deterministic).argmax(-1)
 
     def explore_action(self, obs: torch.Tensor) -> torch.Tensor:
         greedy = self.act(obs) if self.steps >= self.config.warmup_steps else 0
@@ -82,32 +80,25 @@ class DQN(Agent):
         return torch.where(explore, random, greedy)
 
     def update(self, buffer: ReplayBuffer) -> dict[str, torch.Tensor]:
-        cfg = self.config
-        if self.steps < cfg.warmup_steps or len(buffer) < cfg.batch_size:
-            return {}
-        self.update_debt += cfg.horizon * self.num_envs * cfg.updates_per_step
-        num_updates, self.update_debt = int(self.update_debt), self.update_debt % 1
-        stats: dict[str, torch.Tensor] = {}
-        for _ in range(num_updates):
-            stats = self.update_once(buffer.sample(cfg.batch_size))
+        stats = super().update(buffer)
         return {**stats, "epsilon": torch.tensor(self.epsilon())} if stats else {}
 
-    def update_once(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    def update_once(self, batch: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         """One gradient step on a sampled batch (B, ...), then the target update when it is due."""
         cfg = self.config
         obs, next_obs = self.features(batch["obs"]), self.features(batch["next_obs"])
         with torch.no_grad():
-            next_q_target = self.q_target(next_obs)  # (B, num_actions)
+            next_q_target = self.q_target(next_obs, noise=True)  # (B, num_actions)
             if cfg.double:
-                next_action = self.q_net(next_obs).argmax(-1, keepdim=True)
+                next_action = self.q_net(next_obs, noise=True).argmax(-1, keepdim=True)
                 next_q = next_q_target.gather(-1, next_action).squeeze(-1)
             else:
                 next_q = next_q_target.max(-1).values
-            target = batch["reward"] + cfg.gamma * (~batch["terminated"]) * next_q
-        q = self.q_net(obs).gather(-1, batch["action"].long().unsqueeze(-1)).squeeze(-1)
-        loss = F.smooth_l1_loss(q, target)
+            target = batch["reward"] + batch["discount"] * (~batch["terminated"]) * next_q
+        q = self.q_net(obs, noise=True).gather(-1, batch["action"].long().unsqueeze(-1)).squeeze(-1)
+        loss = self.weighted_mean(F.smooth_l1_loss(q, target, reduction="none"), batch)
         self.optimize(self.optimizer, loss)
         self.num_updates += 1
         if self.num_updates % cfg.target_update_every == 0:
             self.soft_update(self.q_target, self.q_net, cfg.tau)
-        return {"loss/q": loss.detach(), "q/mean": q.detach().mean()}
+        return {"loss/q": loss.detach(), "q/mean": q.detach().mean()}, (q - target).detach()

@@ -4,6 +4,7 @@ Haarnoja et al. 2018, https://arxiv.org/abs/1801.01290 and https://arxiv.org/abs
 The twin critics are one batched module (:class:`~jaderl.core.nets.EnsembleQ`); each gradient step
 
     1. critic: y = r + gamma (1 - terminated) [min_i Q_target_i(s', a') - alpha log pi(a'|s')],  a' ~ pi(s')
+               (with ``n_step > 1``: the n-step reward sum and gamma^n; with ``use_per``: importance-weighted)
     2. actor:  minimise E[alpha log pi(a|s) - min_i Q_i(s, a)],  a ~ pi(s) (reparameterised)
     3. alpha:  minimise E[-log alpha (log pi(a|s) + target_entropy)],  target_entropy = -action_dim
     4. Polyak-average the target critics.
@@ -18,36 +19,24 @@ import dataclasses
 
 import torch
 
-from jaderl.core.agent import Agent
-from jaderl.core.buffers import ReplayBuffer
-from jaderl.core.config import Config, ConfigError, param
+from jaderl.core.agent import OffPolicyAgent
+from jaderl.core.config import OffPolicyConfig, param
 from jaderl.core.nets import EnsembleQ, TanhGaussianActor
 from jaderl.envs.vec import VecEnv
 
 
 @dataclasses.dataclass
-class SACConfig(Config):
+class SACConfig(OffPolicyConfig):
     """SAC settings."""
 
     num_envs: int = param(1, "sub-envs stepped in one batch", low=1)
     lr: float = param(3e-4, "Adam learning rate of actor, critics and alpha", low=0.0, open_low=True)
-    buffer_size: int = param(1_000_000, "replay capacity in transitions", low=1)
-    batch_size: int = param(256, "transitions per gradient step", low=1)
-    warmup_steps: int = param(1_000, "env steps of uniformly random actions before learning starts", low=0)
-    updates_per_step: float = param(1.0, "gradient steps per env step collected (all sub-envs counted)",
-                                    low=0.0, open_low=True)
     tau: float = param(0.005, "Polyak averaging rate of the target critics", low=0.0, high=1.0, open_low=True)
     num_critics: int = param(2, "critics in the ensemble; the target takes their minimum", low=1)
     init_alpha: float = param(1.0, "initial entropy coefficient", low=0.0, open_low=True)
 
-    def validate(self) -> None:
-        super().validate()
-        if self.batch_size > self.buffer_size:
-            raise ConfigError(f"batch_size={self.batch_size} is larger than buffer_size={self.buffer_size}; "
-                              "lower batch_size or raise buffer_size")
 
-
-class SAC(Agent):
+class SAC(OffPolicyAgent):
     """SAC for continuous actions."""
 
     config_cls = SACConfig
@@ -74,15 +63,7 @@ class SAC(Agent):
             return torch.rand(obs.shape[0], self.action_dim, device=self.device) * 2 - 1
         return self.act(obs)
 
-    def update(self, buffer: ReplayBuffer) -> dict[str, torch.Tensor]:
-        cfg = self.config
-        if self.steps < cfg.warmup_steps or len(buffer) < cfg.batch_size:
-            return {}
-        for _ in range(self.owed_updates(cfg.updates_per_step)):
-            stats = self.update_once(buffer.sample(cfg.batch_size))
-        return stats
-
-    def update_once(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    def update_once(self, batch: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         """One gradient step of critics, actor and alpha on a sampled batch (B, ...)."""
         cfg = self.config
         obs, next_obs = self.features(batch["obs"]), self.features(batch["next_obs"])
@@ -91,8 +72,9 @@ class SAC(Agent):
         with torch.no_grad():
             next_action, next_log_prob = self.actor.sample(next_obs)
             next_q = self.critic_target(next_obs, next_action).min(0).values - alpha * next_log_prob
-            target = batch["reward"] + cfg.gamma * (~batch["terminated"]) * next_q  # (B,)
-        critic_loss = (self.critic(obs, batch["action"]) - target).square().mean(1).sum()
+            target = batch["reward"] + batch["discount"] * (~batch["terminated"]) * next_q  # (B,)
+        td_error = self.critic(obs, batch["action"]) - target  # (E, B)
+        critic_loss = self.weighted_mean(td_error.square().sum(0), batch)
         self.optimize(self.critic_optimizer, critic_loss)
         # 2. actor (gradients reach the actor's parameters only)
         action, log_prob = self.actor.sample(obs)
@@ -103,5 +85,6 @@ class SAC(Agent):
         self.optimize(self.alpha_optimizer, alpha_loss)
         # 4. target critics
         self.soft_update(self.critic_target, self.critic, cfg.tau)
-        return {"loss/critic": critic_loss.detach(), "loss/actor": actor_loss.detach(), "alpha": alpha,
-                "policy/entropy": -log_prob.detach().mean()}
+        stats = {"loss/critic": critic_loss.detach(), "loss/actor": actor_loss.detach(), "alpha": alpha,
+                 "policy/entropy": -log_prob.detach().mean()}
+        return stats, td_error.detach().abs().mean(0)

@@ -17,8 +17,8 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from jaderl.core.buffers import Batch, ReplayBuffer, RolloutBuffer
-from jaderl.core.config import Config
+from jaderl.core.buffers import Batch, PrioritizedReplayBuffer, ReplayBuffer, RolloutBuffer
+from jaderl.core.config import Config, OffPolicyConfig
 from jaderl.core.nets import ObsNorm
 from jaderl.envs.vec import VecEnv
 
@@ -170,3 +170,41 @@ class Agent:
             prefix = f"{name}."
             own = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
             getattr(self, name).load_state_dict(own)
+
+
+class OffPolicyAgent(Agent):
+    """Base of replay-buffer algorithms: ``update`` runs the gradient steps owed to the env steps collected
+    (``updates_per_step``) on uniform or prioritized, one- or n-step batches; subclasses write ``update_once``."""
+
+    config_cls: ClassVar[type[Config]] = OffPolicyConfig
+    config: OffPolicyConfig
+
+    def make_buffer(self) -> ReplayBuffer:
+        cfg = self.config
+        if cfg.use_per:
+            return PrioritizedReplayBuffer(cfg.buffer_size, self.num_envs, self.device, cfg.per_alpha)
+        return ReplayBuffer(cfg.buffer_size, self.num_envs, self.device)
+
+    def update(self, buffer: ReplayBuffer) -> dict[str, torch.Tensor]:
+        cfg = self.config
+        if self.steps < cfg.warmup_steps or len(buffer) < cfg.batch_size:
+            return {}
+        stats: dict[str, torch.Tensor] = {}
+        for _ in range(self.owed_updates(cfg.updates_per_step)):
+            if isinstance(buffer, PrioritizedReplayBuffer):
+                beta = cfg.per_beta + (1.0 - cfg.per_beta) * min(1.0, self.steps / cfg.total_steps)
+                batch = buffer.sample(cfg.batch_size, cfg.n_step, cfg.gamma, beta)
+                stats, td_error = self.update_once(batch)
+                buffer.update_priorities(batch["index"], td_error)
+            else:
+                stats, _ = self.update_once(buffer.sample(cfg.batch_size, cfg.n_step, cfg.gamma))
+        return stats
+
+    def update_once(self, batch: Batch) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        """One gradient step on a batch (B, ...); returns named statistics and the TD errors (B,) for PER."""
+        raise NotImplementedError
+
+    @staticmethod
+    def weighted_mean(loss: torch.Tensor, batch: Batch) -> torch.Tensor:
+        """Mean of per-transition losses (B,), importance-weighted when the batch comes from prioritized replay."""
+        return (loss * batch["weight"]).mean() if "weight" in batch else loss.mean()

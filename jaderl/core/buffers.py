@@ -39,9 +39,36 @@ class ReplayBuffer:
         self.ptr = (self.ptr + horizon) % self.rows
         self.size = min(self.size + horizon, self.rows)
 
-    def sample(self, batch_size: int) -> Batch:
+    def sample(self, batch_size: int, n_step: int = 1, gamma: float = 0.99) -> Batch:
+        """A uniform batch (B, ...) of stored transitions with their ``discount`` (see :meth:`gather`)."""
         idx = torch.randint(self.size * self.num_envs, (batch_size,), device=self.device)  # flat t * N + n
-        return {k: v.view(-1, *v.shape[2:])[idx] for k, v in self.data.items()}
+        return self.gather(idx, n_step, gamma)
+
+    def gather(self, idx: torch.Tensor, n_step: int, gamma: float) -> Batch:
+        """Transitions at flat indices ``idx`` (t * N + n), as n-step transitions when ``n_step > 1``.
+
+        An n-step transition sums ``gamma**j * reward`` over the next steps of the same sub-env until its episode
+        ends or the newest stored step is reached, and takes ``next_obs`` and ``terminated`` from its last step;
+        ``discount`` is ``gamma ** steps_summed``, so every target reads ``reward + discount * (1 - terminated) * V``.
+        """
+        flat = {k: v.view(-1, *v.shape[2:]) for k, v in self.data.items()}
+        batch = {k: v[idx] for k, v in flat.items()}
+        batch["discount"] = torch.full(idx.shape, gamma, device=self.device)
+        if n_step == 1:
+            return batch
+        t, n = idx // self.num_envs, idx % self.num_envs
+        age = (t - (self.ptr - self.size)) % self.rows  # 0 for the oldest stored row
+        alive = ~(batch["terminated"] | batch["truncated"])
+        for j in range(1, n_step):  # over the n steps only; the whole batch at once
+            ok = alive & (age + j < self.size)
+            k = ((t + j) % self.rows) * self.num_envs + n
+            batch["reward"] = batch["reward"] + ok * gamma**j * flat["reward"][k]
+            batch["next_obs"] = torch.where(ok.view(-1, *[1] * (batch["next_obs"].dim() - 1)), flat["next_obs"][k],
+                                            batch["next_obs"])
+            batch["terminated"] = torch.where(ok, flat["terminated"][k], batch["terminated"])
+            batch["discount"] = torch.where(ok, gamma ** (j + 1), batch["discount"])
+            alive = ok & ~(flat["terminated"][k] | flat["truncated"][k])
+        return batch
 
     def state_dict(self) -> tuple[Batch, dict]:
         """Tensors of the filled rows and the counters, for checkpoints."""
@@ -52,6 +79,72 @@ class ReplayBuffer:
         if tensors:
             self.add({k: v.to(self.device) for k, v in tensors.items()})  # allocates and fills rows [0, size)
         self.ptr, self.size = meta["ptr"], meta["size"]
+
+
+class PrioritizedReplayBuffer(ReplayBuffer):
+    """Proportional prioritized replay (Schaul et al. 2016, https://arxiv.org/abs/1511.05952) on the device.
+
+    Transition i is drawn with P(i) = p_i^alpha / sum_k p_k^alpha from a sum tree (one tensor, leaves at
+    ``[leaves, 2 * leaves)``) that is read and written for a whole batch per tree level, never per item. New
+    transitions get the largest priority seen so far; ``update_priorities`` sets p_i = |td_error_i| + eps. Batches
+    carry ``index`` and the importance-sampling ``weight`` w_i = (n P(i))^-beta / max_batch w (n: stored items).
+    """
+
+    def __init__(self, capacity: int, num_envs: int, device: torch.device | str, alpha: float,
+                 eps: float = 1e-6) -> None:
+        super().__init__(capacity, num_envs, device)
+        self.alpha, self.eps = alpha, eps
+        self.depth = max(1, (self.rows * num_envs - 1).bit_length())
+        self.leaves = 1 << self.depth
+        self.tree = torch.zeros(2 * self.leaves, dtype=torch.float64, device=self.device)  # sums need float64
+        self.max_priority = torch.ones((), dtype=torch.float64, device=self.device)
+
+    def add(self, traj: Batch) -> None:
+        start, horizon = self.ptr, min(next(iter(traj.values())).shape[0], self.rows)
+        super().add(traj)
+        rows = (start + torch.arange(horizon, device=self.device)) % self.rows
+        idx = (rows[:, None] * self.num_envs + torch.arange(self.num_envs, device=self.device)).flatten()
+        self._set(idx, self.max_priority.pow(self.alpha).expand(idx.shape[0]))
+
+    def _set(self, idx: torch.Tensor, value: torch.Tensor) -> None:
+        node = idx + self.leaves
+        self.tree[node] = value
+        for _ in range(self.depth):  # recompute every ancestor from its two children, level by level
+            node = node // 2
+            self.tree[node] = self.tree[2 * node] + self.tree[2 * node + 1]
+
+    def sample(self, batch_size: int, n_step: int = 1, gamma: float = 0.99, beta: float = 1.0) -> Batch:
+        total = self.tree[1]
+        # stratified: one uniform draw in each of batch_size equal slices of the total priority mass
+        mass = (torch.arange(batch_size, device=self.device) + torch.rand(batch_size, device=self.device,
+                                                                          dtype=torch.float64)) / batch_size * total
+        node = torch.ones(batch_size, dtype=torch.long, device=self.device)
+        for _ in range(self.depth):
+            left = self.tree[2 * node]
+            go_right = mass > left
+            mass = torch.where(go_right, mass - left, mass)
+            node = 2 * node + go_right
+        idx = (node - self.leaves).clamp(max=self.size * self.num_envs - 1)  # float round-off at the right edge
+        weight = (self.size * self.num_envs * self.tree[idx + self.leaves] / total).pow(-beta)
+        batch = self.gather(idx, n_step, gamma)
+        batch["index"], batch["weight"] = idx, (weight / weight.max()).float()
+        return batch
+
+    def update_priorities(self, idx: torch.Tensor, td_error: torch.Tensor) -> None:
+        priority = td_error.detach().abs().double() + self.eps
+        self.max_priority = torch.maximum(self.max_priority, priority.max())
+        self._set(idx, priority.pow(self.alpha))
+
+    def state_dict(self) -> tuple[Batch, dict]:
+        tensors, meta = super().state_dict()
+        return {**tensors, "_tree": self.tree, "_max_priority": self.max_priority}, meta
+
+    def load_state_dict(self, tensors: Batch, meta: dict) -> None:
+        tensors = dict(tensors)
+        tree, max_priority = tensors.pop("_tree"), tensors.pop("_max_priority")
+        super().load_state_dict(tensors, meta)
+        self.tree.copy_(tree)
+        self.max_priority = max_priority.to(self.device)
 
 
 def gae(reward: torch.Tensor, value: torch.Tensor, next_value: torch.Tensor, terminated: torch.Tensor,

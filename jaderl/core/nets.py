@@ -151,19 +151,49 @@ class EnsembleQ(nn.Module):
         return x.squeeze(-1)
 
 
+class NoisyLinear(nn.Linear):
+    """Linear layer with factorised Gaussian weight noise (Fortunato et al. 2018, https://arxiv.org/abs/1706.10295):
+    W = mu_W + sigma_W * f(eps_out) f(eps_in)^T, b = mu_b + sigma_b * f(eps_out), f(x) = sign(x) sqrt(|x|), with new
+    noise at every noisy forward; ``noise=False`` uses the means (deterministic acting)."""
+
+    def __init__(self, in_features: int, out_features: int, sigma0: float = 0.5) -> None:
+        super().__init__(in_features, out_features)
+        bound = 1.0 / math.sqrt(in_features)
+        nn.init.uniform_(self.weight, -bound, bound)
+        nn.init.uniform_(self.bias, -bound, bound)
+        self.weight_sigma = nn.Parameter(torch.full((out_features, in_features), sigma0 * bound))
+        self.bias_sigma = nn.Parameter(torch.full((out_features,), sigma0 * bound))
+
+    def forward(self, x: torch.Tensor, noise: bool = True) -> torch.Tensor:
+        if not noise:
+            return F.linear(x, self.weight, self.bias)
+        eps = torch.randn(self.in_features + self.out_features, device=x.device)
+        eps = eps.sign() * eps.abs().sqrt()
+        eps_in, eps_out = eps[: self.in_features], eps[self.in_features:]
+        weight = self.weight + self.weight_sigma * torch.outer(eps_out, eps_in)
+        return F.linear(x, weight, self.bias + self.bias_sigma * eps_out)
+
+
 class QNet(nn.Module):
-    """Q(s, .) over discrete actions; ``dueling`` splits it into V(s) + A(s, a) - mean_a A(s, a) (Wang et al. 2016)."""
+    """Q(s, .) over discrete actions; ``dueling`` splits it into V(s) + A(s, a) - mean_a A(s, a) (Wang et al. 2016);
+    ``noisy`` makes every layer a :class:`NoisyLinear` (pass ``noise=True`` to sample it)."""
 
-    def __init__(self, obs_dim: int, num_actions: int, hidden: Sequence[int], dueling: bool = False) -> None:
+    def __init__(self, obs_dim: int, num_actions: int, hidden: Sequence[int], dueling: bool = False,
+                 noisy: bool = False) -> None:
         super().__init__()
-        self.dueling = dueling
-        self.body = nn.Sequential(mlp([obs_dim, *hidden]), nn.ReLU())
-        self.advantage = nn.Linear(hidden[-1], num_actions)
-        self.value = nn.Linear(hidden[-1], 1) if dueling else None
+        linear = NoisyLinear if noisy else nn.Linear
+        sizes = [obs_dim, *hidden]
+        self.noisy = noisy
+        self.body = nn.ModuleList(linear(sizes[i], sizes[i + 1]) for i in range(len(hidden)))
+        self.advantage = linear(hidden[-1], num_actions)
+        self.value = linear(hidden[-1], 1) if dueling else None
 
-    def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        h = self.body(obs)
-        adv = self.advantage(h)
+    def forward(self, obs: torch.Tensor, noise: bool = False) -> torch.Tensor:
+        kwargs = {"noise": noise} if self.noisy else {}
+        h = obs
+        for layer in self.body:
+            h = F.relu(layer(h, **kwargs))
+        adv = self.advantage(h, **kwargs)
         if self.value is None:
             return adv
-        return self.value(h) + adv - adv.mean(-1, keepdim=True)
+        return self.value(h, **kwargs) + adv - adv.mean(-1, keepdim=True)
