@@ -5,9 +5,13 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from jaderl.algos.a2c import A2C, A2CConfig
 from jaderl.algos.dqn import DQN, DQNConfig
 from jaderl.algos.ppo import PPO, PPOConfig
+from jaderl.algos.reinforce import Reinforce, ReinforceConfig
 from jaderl.algos.sac import SAC, SACConfig
+from jaderl.algos.sac_discrete import DiscreteSAC, DiscreteSACConfig
+from jaderl.algos.td3 import DDPG_PRESET, TD3, TD3Config
 from jaderl.core.agent import Agent
 
 
@@ -23,10 +27,26 @@ class AlgoSpec:
 ALGOS: dict[str, AlgoSpec] = {
     "ppo": AlgoSpec(PPO, {}, "Proximal Policy Optimization (clipped objective, GAE)"),
     "sac": AlgoSpec(SAC, {}, "Soft Actor-Critic (twin critics, learned entropy coefficient)"),
+    "modsac": AlgoSpec(SAC, {"modsac": True}, "ModSAC: SAC whose actor update frequency follows the critic loss"),
+    "sac_discrete": AlgoSpec(DiscreteSAC, {}, "SAC for discrete actions (exact expectations over actions)"),
+    "redq": AlgoSpec(SAC, {"num_critics": 10, "num_target_critics": 2, "actor_reduce": "mean",
+                           "updates_per_step": 20.0}, "REDQ: 10 critics, random pairs in the target, 20 updates/step"),
     "dqn": AlgoSpec(DQN, {}, "Deep Q-Network (target network, epsilon-greedy)"),
     "double_dqn": AlgoSpec(DQN, {"double": True}, "Double DQN: the online network picks the target action"),
     "dueling_dqn": AlgoSpec(DQN, {"dueling": True}, "Dueling DQN: value and advantage streams"),
     "d3qn": AlgoSpec(DQN, {"double": True, "dueling": True}, "Dueling Double DQN"),
+    "noisy_dqn": AlgoSpec(DQN, {"noisy": True, "epsilon_start": 0.0, "epsilon_end": 0.0},
+                          "Noisy DQN: factorised Gaussian noisy layers explore instead of epsilon"),
+    "td3": AlgoSpec(TD3, {}, "Twin Delayed DDPG (clipped double-Q, delayed actor, target policy smoothing)"),
+    "ddpg": AlgoSpec(TD3, DDPG_PRESET,
+                     "Deep Deterministic Policy Gradient: TD3 with one critic, no delay, no smoothing"),
+    "reinforce": AlgoSpec(Reinforce, {}, "REINFORCE: Monte-Carlo policy gradient, no baseline"),
+    "vpg": AlgoSpec(Reinforce, {"baseline": True, "ent_coef": 0.01},
+                    "Vanilla policy gradient: REINFORCE with a learned value baseline and an entropy bonus"),
+    "a2c": AlgoSpec(A2C, {}, "Advantage Actor-Critic (synchronous, n-step returns, one step per rollout)"),
 }
 
 __all__ = ["ALGOS", "DQN", "PPO", "SAC", "AlgoSpec", "DQNConfig", "PPOConfig", "SACConfig"]
+__all__ += ["A2C", "A2CConfig", "Reinforce", "ReinforceConfig"]
+__all__ += ["TD3", "TD3Config"]
+__all__ += ["DiscreteSAC", "DiscreteSACConfig"]

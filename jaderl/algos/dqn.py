@@ -24,7 +24,7 @@ from torch.nn import functional as F
 from jaderl.core.agent import OffPolicyAgent
 from jaderl.core.buffers import ReplayBuffer
 from jaderl.core.config import OffPolicyConfig, param
-from jaderl.core.nets import QNet
+from jaderl.core.nets import EncodedNet, QNet
 from jaderl.envs.vec import VecEnv
 
 
@@ -60,7 +60,10 @@ class DQN(OffPolicyAgent):
 
     def __init__(self, config: DQNConfig, env: VecEnv, device: torch.device) -> None:
         super().__init__(config, env, device)
-        self.q_net = QNet(self.obs_dim, self.action_dim, config.hidden, config.dueling, config.noisy).to(device)
+        q_head = QNet(self.obs_dim, self.action_dim, config.hidden, config.dueling, config.noisy)
+        # images: the Q network owns the encoder, so the target network below gets its own copy (Mnih et al. 2015)
+        encoder, self.encoder = self.encoder, None
+        self.q_net = (q_head if encoder is None else EncodedNet(encoder, q_head)).to(device)
         self.q_target = copy.deepcopy(self.q_net).requires_grad_(False)
         self.optimizer = self.adam(self.q_net.parameters(), lr=config.lr)
         self.num_updates = 0

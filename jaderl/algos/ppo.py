@@ -17,6 +17,7 @@ import dataclasses
 import torch
 from torch import nn
 
+from jaderl.algos.hterm import HTermConfig, hterm_update
 from jaderl.core.agent import Agent
 from jaderl.core.buffers import RolloutBuffer
 from jaderl.core.config import Config, ConfigError, param
@@ -25,7 +26,7 @@ from jaderl.envs.vec import VecEnv
 
 
 @dataclasses.dataclass
-class PPOConfig(Config):
+class PPOConfig(Config, HTermConfig):
     """PPO settings; the defaults suit small control tasks with a few hundred parallel sub-envs."""
 
     num_envs: int = param(64, "sub-envs stepped in one batch", low=1)
@@ -60,7 +61,7 @@ class PPO(Agent):
         actor_cls = CategoricalActor if self.is_discrete else GaussianActor
         self.actor = actor_cls(self.obs_dim, self.action_dim, config.hidden).to(device)
         self.critic = mlp([self.obs_dim, *config.hidden, 1], nn.Tanh, out_gain=1.0).to(device)
-        params = [*self.actor.parameters(), *self.critic.parameters()]
+        params = [*self.encoder_parameters(), *self.actor.parameters(), *self.critic.parameters()]
         self.optimizer = self.adam(params, lr=config.lr, eps=1e-5)
 
     def act(self, obs: torch.Tensor, deterministic: bool = False) -> torch.Tensor:
@@ -81,10 +82,9 @@ class PPO(Agent):
             obs, next_obs = self.features(data["obs"]), self.features(data["next_obs"])
             value, next_value = self.critic(obs).squeeze(-1), self.critic(next_obs).squeeze(-1)  # (T, N)
             data["log_prob"] = self.actor.evaluate(obs.flatten(0, 1), data["action"].flatten(0, 1))[0].view_as(value)
-            data["features"] = obs
             buffer.compute_gae(value, next_value, cfg.gamma, cfg.gae_lambda)
         batch = {k: v for k, v in buffer.flat().items()
-                 if k in ("features", "action", "log_prob", "advantage", "value_target")}
+                 if k in ("obs", "action", "log_prob", "advantage", "value_target")}
         size = batch["advantage"].shape[0]
         # 2. minibatch epochs
         totals = torch.zeros(5, device=self.device)  # policy loss, value loss, entropy, approx KL, clip fraction
@@ -93,14 +93,15 @@ class PPO(Agent):
             perm = torch.randperm(size, device=self.device)
             for start in range(0, size - cfg.minibatch_size + 1, cfg.minibatch_size):
                 mb = {k: v[perm[start:start + cfg.minibatch_size]] for k, v in batch.items()}
-                log_prob, entropy = self.actor.evaluate(mb["features"], mb["action"])
+                features = self.features(mb["obs"])  # again, so that gradients reach an image encoder
+                log_prob, entropy = self.actor.evaluate(features, mb["action"])
                 log_ratio = log_prob - mb["log_prob"]
                 ratio = log_ratio.exp()
                 adv = mb["advantage"]
                 if cfg.normalize_advantages:
                     adv = (adv - adv.mean()) / (adv.std() + 1e-8)
                 policy_loss = -torch.min(ratio * adv, ratio.clamp(1 - cfg.clip_ratio, 1 + cfg.clip_ratio) * adv).mean()
-                value_loss = (self.critic(mb["features"]).squeeze(-1) - mb["value_target"]).square().mean()
+                value_loss = (self.critic(features).squeeze(-1) - mb["value_target"]).square().mean()
                 loss = policy_loss + cfg.vf_coef * value_loss - cfg.ent_coef * entropy.mean()
                 self.optimize(self.optimizer, loss)
                 with torch.no_grad():
@@ -108,7 +109,10 @@ class PPO(Agent):
                     approx_kl = ((ratio - 1) - log_ratio).mean()  # Schulman's low-variance KL estimator
                     totals += torch.stack([policy_loss, value_loss, entropy.mean(), approx_kl, clip_frac]).detach()
                 num_updates += 1
+        # 3. the optional H-term policy update on segments of this rollout
+        hterm = hterm_update(self, data, lambda x, a: self.actor.evaluate(x, a)[0], self.actor, self.optimizer)
         self.obs_norm.update(data["obs"])
         totals /= max(num_updates, 1)
         names = ("loss/policy", "loss/value", "policy/entropy", "policy/approx_kl", "policy/clip_fraction")
-        return dict(zip(names, totals.unbind(), strict=True))
+        stats = dict(zip(names, totals.unbind(), strict=True))
+        return stats if hterm is None else {**stats, "loss/hterm": hterm}

@@ -19,7 +19,7 @@ from torch import nn
 
 from jaderl.core.buffers import Batch, PrioritizedReplayBuffer, ReplayBuffer, RolloutBuffer
 from jaderl.core.config import Config, OffPolicyConfig
-from jaderl.core.nets import ObsNorm
+from jaderl.core.nets import NatureCNN, ObsNorm
 from jaderl.envs.vec import VecEnv
 
 
@@ -33,7 +33,7 @@ class Agent:
     continuous: ClassVar[bool] = True
     """Whether the algorithm handles Box action spaces."""
     policy_modules: ClassVar[tuple[str, ...]] = ("actor",)
-    """Attributes (besides ``obs_norm``) that ``act`` needs: the part kept as the best policy."""
+    """Attributes (besides ``obs_norm`` and a shared ``encoder``) that ``act`` needs, kept as the best policy."""
     counters: ClassVar[tuple[str, ...]] = ("steps", "update_debt")
     """Plain int / float attributes saved in checkpoints."""
 
@@ -42,7 +42,14 @@ class Agent:
         self.num_envs, self.obs_shape = env.num_envs, env.obs_shape
         self.is_discrete, self.action_dim = env.is_discrete, env.action_dim
         self.obs_dim = math.prod(self.obs_shape)
-        self.obs_norm = ObsNorm(self.obs_shape, config.normalize_obs).to(device)
+        self.is_image = len(self.obs_shape) == 3
+        self.encoder: NatureCNN | None = NatureCNN(self.obs_shape).to(device) if self.is_image else None
+        """The CNN every network reads images through (None for vectors); an algorithm whose networks need their own
+        copy (DQN's target network) moves it into them and sets it to None, so ``features`` passes images through."""
+        if self.encoder is not None:
+            self.obs_dim = self.encoder.out_dim
+        # images are scaled by the encoder, not normalised
+        self.obs_norm = ObsNorm(self.obs_shape, config.normalize_obs and not self.is_image).to(device)
         self.steps = 0  # env steps explored, all sub-envs counted
         self.update_debt = 0.0  # fractional gradient steps owed to the env steps collected so far
         self.last_obs: torch.Tensor | None = None
@@ -93,8 +100,16 @@ class Agent:
 
     # --- helpers for subclasses ---
     def features(self, obs: torch.Tensor) -> torch.Tensor:
-        """Observations (..., *obs_shape) flattened to (..., obs_dim) and normalised (when enabled)."""
+        """Network inputs (..., obs_dim) for observations (..., *obs_shape): CNN features of images, or vectors
+        flattened and normalised (when enabled)."""
+        if self.is_image:
+            return obs if self.encoder is None else self.encoder(obs)
         return self.obs_norm(obs.flatten(obs.dim() - len(self.obs_shape)))
+
+    def encoder_parameters(self) -> list[nn.Parameter]:
+        """The shared image encoder's parameters (none for vector observations), for the optimizer that trains it:
+        the single optimizer of on-policy agents, the critics' optimizer of actor-critic ones (as in SAC-AE)."""
+        return [] if self.encoder is None else list(self.encoder.parameters())
 
     def owed_updates(self, updates_per_step: float) -> int:
         """Gradient steps due for the latest ``explore`` call at ``updates_per_step``, carrying the fraction over."""
@@ -162,11 +177,15 @@ class Agent:
 
     def policy_state_dict(self) -> dict[str, torch.Tensor]:
         """Flat tensors of the modules ``act`` needs, for the best-policy file."""
-        return {f"{name}.{k}": v for name in ("obs_norm", *self.policy_modules)
+        return {f"{name}.{k}": v for name in self._policy_names()
                 for k, v in getattr(self, name).state_dict().items()}
 
+    def _policy_names(self) -> tuple[str, ...]:
+        shared = ("obs_norm",) if self.encoder is None else ("obs_norm", "encoder")
+        return (*shared, *self.policy_modules)
+
     def load_policy_state_dict(self, tensors: dict[str, torch.Tensor]) -> None:
-        for name in ("obs_norm", *self.policy_modules):
+        for name in self._policy_names():
             prefix = f"{name}."
             own = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
             getattr(self, name).load_state_dict(own)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -134,21 +135,23 @@ class EnsembleLinear(nn.Module):
 
 
 class EnsembleQ(nn.Module):
-    """``num`` Q(s, a) critics as one module (twin critics for num=2): returns (E, B)."""
+    """``num`` critics as one module (twin critics for num=2): Q(s, a) -> (E, B) for continuous actions, or with
+    ``action_dim=0, num_outputs=A`` and no action argument, Q(s, .) -> (E, B, A) for A discrete actions."""
 
-    def __init__(self, obs_dim: int, action_dim: int, hidden: Sequence[int], num: int = 2) -> None:
+    def __init__(self, obs_dim: int, action_dim: int, hidden: Sequence[int], num: int = 2, num_outputs: int = 1):
         super().__init__()
-        sizes = [obs_dim + action_dim, *hidden, 1]
+        sizes = [obs_dim + action_dim, *hidden, num_outputs]
         self.num = num
         self.layers = nn.ModuleList(EnsembleLinear(num, sizes[i], sizes[i + 1]) for i in range(len(sizes) - 1))
 
-    def forward(self, obs: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
-        x = torch.cat([obs, action], -1).expand(self.num, -1, -1)  # (E, B, obs+act): shared input, no copy
+    def forward(self, obs: torch.Tensor, action: torch.Tensor | None = None) -> torch.Tensor:
+        x = obs if action is None else torch.cat([obs, action], -1)
+        x = x.expand(self.num, -1, -1)  # (E, B, in): the same input for every member, no copy
         for i, layer in enumerate(self.layers):
             x = layer(x)
             if i < len(self.layers) - 1:
                 x = F.relu(x)
-        return x.squeeze(-1)
+        return x.squeeze(-1) if x.shape[-1] == 1 and action is not None else x
 
 
 class NoisyLinear(nn.Linear):
@@ -197,3 +200,49 @@ class QNet(nn.Module):
         if self.value is None:
             return adv
         return self.value(h, **kwargs) + adv - adv.mean(-1, keepdim=True)
+
+
+class NatureCNN(nn.Module):
+    """The image encoder of Mnih et al. 2015 (https://doi.org/10.1038/nature14236): convolutions 32 8x8 stride 4,
+    64 4x4 stride 2, 64 3x3 stride 1, then a linear layer of ``out_dim``, each followed by a ReLU.
+
+    Images are (..., C, H, W) or channels-last (..., H, W, C); the layout is read once from ``obs_shape``: the
+    channels are the last size when it is smaller than the first (84x84x4), the first otherwise (4x84x84). uint8
+    pixels are scaled to [0, 1]; float images are taken as they are. Returns features (..., out_dim).
+    """
+
+    def __init__(self, obs_shape: Sequence[int], out_dim: int = 512) -> None:
+        super().__init__()
+        if len(obs_shape) != 3:
+            raise ValueError(f"NatureCNN takes images of 3 dimensions, not observations of shape {tuple(obs_shape)}")
+        self.obs_shape = tuple(obs_shape)
+        self.channels_last = obs_shape[2] < obs_shape[0]
+        channels, height, width = (obs_shape[2], *obs_shape[:2]) if self.channels_last else tuple(obs_shape)
+        if min(height, width) < 36:  # the smallest input the three strided convolutions leave a pixel of
+            raise ValueError(f"NatureCNN needs images of at least 36x36 pixels, got {height}x{width}")
+        self.conv = nn.Sequential(nn.Conv2d(channels, 32, 8, stride=4), nn.ReLU(), nn.Conv2d(32, 64, 4, stride=2),
+                                  nn.ReLU(), nn.Conv2d(64, 64, 3, stride=1), nn.ReLU(), nn.Flatten())
+        with torch.no_grad():
+            conv_dim = self.conv(torch.zeros(1, channels, height, width)).shape[1]
+        self.linear = nn.Sequential(nn.Linear(conv_dim, out_dim), nn.ReLU())
+        self.out_dim = out_dim
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        lead = obs.shape[:obs.dim() - 3]
+        x = obs.reshape(-1, *self.obs_shape)  # (B, *obs_shape)
+        x = x.float() / 255.0 if x.dtype == torch.uint8 else x.float()
+        if self.channels_last:
+            x = x.permute(0, 3, 1, 2)  # (B, C, H, W)
+        return self.linear(self.conv(x)).unflatten(0, lead)
+
+
+class EncodedNet(nn.Module):
+    """``head(encoder(obs), **kwargs)``: a network that owns its encoder, so that a copy of it (a target network)
+    gets its own encoder too."""
+
+    def __init__(self, encoder: nn.Module, head: nn.Module) -> None:
+        super().__init__()
+        self.encoder, self.head = encoder, head
+
+    def forward(self, obs: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        return self.head(self.encoder(obs), **kwargs)

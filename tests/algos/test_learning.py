@@ -24,8 +24,45 @@ CASES: dict[str, tuple[str, str, float, dict[str, Any]]] = {
                             "gamma": 0.95, "lr": 1e-3, "reward_scale": 0.1, "minibatch_size": 2048}),
     "sac-gym-pendulum": ("sac", "Pendulum-v1", -200.0,  # ~4k steps
                          {"seed": 0, "total_steps": 20_000, "eval_every": 1_000, "hidden": [64, 64], "lr": 1e-3}),
+    "td3-gym-pendulum": ("td3", "Pendulum-v1", -200.0,  # ~7k steps, ~25 s (RL-Zoo's budget: 20k)
+                         {"seed": 0, "total_steps": 20_000, "eval_every": 1_000, "hidden": [64, 64]}),
+    "ddpg-torch-pendulum": ("ddpg", "jaderl/Pendulum-v1", -200.0,  # ~5k steps, ~20 s (RL-Zoo's budget: 20k)
+                            {"seed": 0, "total_steps": 20_000, "eval_every": 1_000, "hidden": [64, 64]}),
     "dqn-torch-cartpole": ("dqn", "jaderl/CartPole-v1", 475.0,  # ~30k steps (RL-Zoo's budget: 50k)
                            {"seed": 0, "total_steps": 50_000, "eval_every": 2_000}),
+    # the DQN family on RL-Zoo's DQN budget (50k steps), each variant a preset of dqn.py
+    "double_dqn-torch-cartpole": ("double_dqn", "jaderl/CartPole-v1", 475.0,  # ~22k steps
+                                  {"seed": 0, "total_steps": 50_000, "eval_every": 2_000}),
+    "dueling_dqn-torch-cartpole": ("dueling_dqn", "jaderl/CartPole-v1", 475.0,  # ~24k steps
+                                   {"seed": 0, "total_steps": 50_000, "eval_every": 2_000}),
+    "d3qn-torch-cartpole": ("d3qn", "jaderl/CartPole-v1", 475.0,  # ~24k steps
+                            {"seed": 0, "total_steps": 50_000, "eval_every": 2_000}),
+    "noisy_dqn-torch-cartpole": ("noisy_dqn", "jaderl/CartPole-v1", 475.0,  # ~36k steps
+                                 {"seed": 0, "total_steps": 50_000, "eval_every": 2_000}),
+    "dqn-per-3step-torch-cartpole": ("dqn", "jaderl/CartPole-v1", 475.0,  # ~6k steps
+                                     {"seed": 0, "total_steps": 50_000, "eval_every": 2_000, "use_per": True,
+                                      "n_step": 3}),
+    # SAC variants (RL-Zoo's SAC budget for Pendulum: 20k steps)
+    "modsac-torch-pendulum": ("modsac", "jaderl/Pendulum-v1", -200.0,  # ~6k steps
+                              {"seed": 0, "total_steps": 20_000, "eval_every": 1_000, "hidden": [64, 64], "lr": 1e-3}),
+    "redq-torch-pendulum": ("redq", "jaderl/Pendulum-v1", -200.0,  # ~1k steps; 5 updates per step (paper: 20)
+                            {"seed": 0, "total_steps": 20_000, "eval_every": 1_000, "hidden": [64, 64], "lr": 1e-3,
+                             "updates_per_step": 5.0, "warmup_steps": 500}),
+    # policy gradients: budgets of RL-Zoo's A2C (CartPole 500k, Pendulum 1M); seeds 0-3 all solved when written
+    "reinforce-torch-cartpole": ("reinforce", "jaderl/CartPole-v1", 475.0,  # ~170k steps, ~5 s (seeds 1-3: 150k-250k)
+                                 {"seed": 0, "total_steps": 500_000, "eval_every": 10_000}),
+    "vpg-torch-cartpole": ("vpg", "jaderl/CartPole-v1", 475.0,  # ~200k steps, ~5 s (seeds 1-3: 170k-290k)
+                           {"seed": 0, "total_steps": 500_000, "eval_every": 10_000}),
+    "a2c-torch-cartpole": ("a2c", "jaderl/CartPole-v1", 475.0,  # ~30k steps, ~2 s (seeds 1-3: 50k-340k)
+                           {"seed": 0, "total_steps": 500_000, "eval_every": 10_000, "num_envs": 64, "horizon": 5}),
+    "a2c-torch-pendulum": ("a2c", "jaderl/Pendulum-v1", -200.0,  # ~360k steps, ~10 s (seeds 1-3: 240k-580k)
+                           {"seed": 0, "total_steps": 1_000_000, "eval_every": 20_000, "num_envs": 32, "horizon": 8,
+                            "gamma": 0.95, "gae_lambda": 0.95, "lr": 7e-4, "vf_coef": 0.25, "reward_scale": 0.1,
+                            "normalize_advantages": True, "log_std_init": -1.0}),
+    "vpg-torch-pendulum": ("vpg", "jaderl/Pendulum-v1", -200.0,  # ~620k steps, ~15 s (seeds 1-3: 500k-900k)
+                           {"seed": 0, "total_steps": 1_000_000, "eval_every": 20_000, "num_envs": 32, "horizon": 8,
+                            "gamma": 0.95, "lr": 1e-3, "vf_coef": 0.25, "ent_coef": 0.0, "reward_scale": 0.1,
+                            "log_std_init": -1.0}),
 }
 
 

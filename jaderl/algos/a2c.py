@@ -1,0 +1,106 @@
+"""A2C: synchronous advantage actor-critic.
+
+Mnih et al. 2016, https://arxiv.org/abs/1602.01783 (the synchronous variant of A3C). Each iteration collects
+``horizon`` steps from every sub-env with the current policy and takes one gradient step, with one optimizer shared
+by the actor and the critic, on
+
+    L = -E[log pi(a_t|s_t) A_t] + vf_coef E[(V(s_t) - V_target_t)^2] - ent_coef E[H(pi(.|s_t))].
+
+A_t is GAE(lambda) (Schulman et al. 2016); the default lambda = 1 gives A3C's n-step advantage
+A_t = r_t + gamma r_{t+1} + ... + gamma^(k-1) r_{t+k-1} + gamma^k V(s_{t+k}) - V(s_t), where t + k is the end of the
+rollout (n = horizon, so k = horizon - t) or of the episode: a terminated step adds no V, a truncated one adds V of
+its real final observation. V_target = A + V(s_t).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from torch import nn
+
+from jaderl.core.agent import Agent
+from jaderl.core.buffers import RolloutBuffer
+from jaderl.core.config import Config, ConfigError, param
+from jaderl.core.nets import CategoricalActor, GaussianActor, mlp
+from jaderl.envs.vec import VecEnv
+
+OPTIMIZERS = ("rmsprop", "adam")
+
+
+@dataclasses.dataclass
+class A2CConfig(Config):
+    """A2C settings; the defaults follow Stable-Baselines3 / RL-Zoo (RMSprop, 5-step returns)."""
+
+    num_envs: int = param(16, "sub-envs stepped in one batch", low=1)
+    horizon: int = param(5, "steps each sub-env takes per rollout: n of the n-step returns", low=1)
+    lr: float = param(7e-4, "learning rate", low=0.0, open_low=True)
+    hidden: list[int] = param((64, 64), "hidden layer sizes of the actor and the critic")
+    optimizer: str = param("rmsprop", "rmsprop (as in the paper, alpha=0.99, eps=1e-5) or adam (eps=1e-5)")
+    gae_lambda: float = param(1.0, "GAE lambda; 1 gives n-step returns", low=0.0, high=1.0)
+    ent_coef: float = param(0.0, "entropy bonus weight", low=0.0)
+    vf_coef: float = param(0.5, "value loss weight", low=0.0)
+    max_grad_norm: float = param(0.5, "clip gradient norm to this (0 disables)", low=0.0)
+    normalize_advantages: bool = param(False, "standardise the advantages over each rollout")
+    log_std_init: float = param(-0.5, "initial log standard deviation of the Gaussian policy (continuous actions)")
+
+    def validate(self) -> None:
+        super().validate()
+        if self.optimizer not in OPTIMIZERS:
+            raise ConfigError(f"optimizer={self.optimizer!r} is invalid: use one of {', '.join(OPTIMIZERS)}")
+        if self.normalize_advantages and self.num_envs * self.horizon < 2:
+            raise ConfigError("normalize_advantages=true needs at least 2 transitions per rollout "
+                              f"(num_envs * horizon = {self.num_envs * self.horizon}); collect more or disable it")
+
+
+class A2C(Agent):
+    """A2C for discrete (categorical) and continuous (Gaussian) actions."""
+
+    config_cls = A2CConfig
+    on_policy = True
+    config: A2CConfig
+
+    def __init__(self, config: A2CConfig, env: VecEnv, device: torch.device) -> None:
+        super().__init__(config, env, device)
+        actor_cls = CategoricalActor if self.is_discrete else GaussianActor
+        self.actor = actor_cls(self.obs_dim, self.action_dim, config.hidden).to(device)
+        if not self.is_discrete:
+            self.actor.log_std.data.fill_(config.log_std_init)
+        self.critic = mlp([self.obs_dim, *config.hidden, 1], nn.Tanh, out_gain=1.0).to(device)
+        params = [*self.encoder_parameters(), *self.actor.parameters(), *self.critic.parameters()]
+        if config.optimizer == "rmsprop":  # TF's RMSprop defaults, as in the paper's code and SB3
+            self.optimizer: torch.optim.Optimizer = torch.optim.RMSprop(params, lr=config.lr, alpha=0.99, eps=1e-5)
+        else:
+            self.optimizer = self.adam(params, lr=config.lr, eps=1e-5)
+
+    def act(self, obs: torch.Tensor, deterministic: bool = False) -> torch.Tensor:
+        x = self.features(obs)
+        if deterministic:
+            return self.actor(x)
+        action = self.actor.sample(x)
+        return action if self.is_discrete else action.clamp(-1.0, 1.0)
+
+    def explore_action(self, obs: torch.Tensor) -> torch.Tensor:
+        """The unclipped sample: its log-probability is what the update needs (the env clips it to [-1, 1])."""
+        return self.actor.sample(self.features(obs))
+
+    def update(self, buffer: RolloutBuffer) -> dict[str, torch.Tensor]:
+        cfg, data = self.config, buffer.data
+        # 1. values and n-step / GAE advantages for the whole rollout (T, N)
+        obs = self.features(data["obs"])  # (T, N, obs_dim)
+        value = self.critic(obs).squeeze(-1)
+        with torch.no_grad():
+            next_value = self.critic(self.features(data["next_obs"])).squeeze(-1)
+            buffer.compute_gae(value.detach(), next_value, cfg.gamma, cfg.gae_lambda)
+        advantage, value_target = data["advantage"], data["value_target"]
+        if cfg.normalize_advantages:
+            advantage = (advantage - advantage.mean()) / (advantage.std() + 1e-8)
+        # 2. one gradient step on the whole rollout
+        log_prob, entropy = self.actor.evaluate(obs.flatten(0, 1), data["action"].flatten(0, 1))
+        policy_loss = -(log_prob * advantage.flatten()).mean()
+        value_loss = (value - value_target).square().mean()
+        loss = policy_loss + cfg.vf_coef * value_loss - cfg.ent_coef * entropy.mean()
+        self.optimize(self.optimizer, loss)
+        self.obs_norm.update(data["obs"])  # after learning, so the log-probabilities above used the acting statistics
+        stats = torch.stack([policy_loss, value_loss, entropy.mean()]).detach()
+        return dict(zip(("loss/policy", "loss/value", "policy/entropy"), stats.unbind(), strict=True))

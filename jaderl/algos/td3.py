@@ -1,0 +1,159 @@
+"""TD3: Twin Delayed DDPG; DDPG is its preset with one critic, no delay and no target smoothing.
+
+Fujimoto et al. 2018, https://arxiv.org/abs/1802.09477 (TD3); Lillicrap et al. 2015, https://arxiv.org/abs/1509.02971
+(DDPG). A deterministic tanh actor mu(s) and ``num_critics`` critics as one batched module
+(:class:`~jaderl.core.nets.EnsembleQ`); each gradient step
+
+    1. critic: y = r + gamma (1 - terminated) min_i Q_target_i(s', a'),
+               a' = clip(mu_target(s') + clip(eps, -noise_clip, noise_clip), -1, 1),  eps ~ N(0, target_noise^2)
+       and minimise sum_i (Q_i(s, a) - y)^2                       (clipped double-Q with target policy smoothing)
+    2. every ``policy_delay``-th critic step only: actor: minimise -Q_1(s, mu(s)) (deterministic policy gradient),
+       then Polyak-average the target actor and target critics.
+
+Exploration adds Gaussian noise N(0, exploration_noise^2), or Ornstein-Uhlenbeck noise per sub-env (``noise="ou"``),
+to mu(s) after ``warmup_steps`` of uniformly random actions. DDPG (``ddpg`` in the registry) is ``num_critics=1,
+policy_delay=1, target_noise=0``. Only ``terminated`` stops the bootstrap; truncated steps bootstrap from ``next_obs``.
+``n_step`` and ``use_per`` (n-step returns, prioritized replay) come from the shared off-policy base.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+
+import torch
+from torch import nn
+
+from jaderl.algos.hterm import HTermConfig, hterm_update
+from jaderl.core.agent import OffPolicyAgent
+from jaderl.core.buffers import ReplayBuffer
+from jaderl.core.config import ConfigError, OffPolicyConfig, param
+from jaderl.core.nets import EnsembleQ, mlp
+from jaderl.envs.vec import VecEnv
+
+NOISE_KINDS = ("gaussian", "ou")
+
+DDPG_PRESET = {"num_critics": 1, "policy_delay": 1, "target_noise": 0.0}
+"""The settings that turn TD3 into DDPG (registered as ``ddpg``)."""
+
+
+@dataclasses.dataclass
+class TD3Config(OffPolicyConfig, HTermConfig):
+    """TD3 settings; the defaults follow the paper (Fujimoto et al. 2018, appendix C)."""
+
+    hterm_every: int = param(64, "H-term: one H-term update per this many iterations (here: env steps "
+                             "with horizon=1, i.e. ~64 gradient steps)", low=1)
+
+    lr: float = param(1e-3, "Adam learning rate of actor and critics", low=0.0, open_low=True)
+    tau: float = param(0.005, "Polyak averaging rate of the target actor and critics", low=0.0, high=1.0,
+                       open_low=True)
+    num_critics: int = param(2, "critics in the ensemble; the target takes their minimum (1: DDPG)", low=1)
+    policy_delay: int = param(2, "critic steps per actor and target update (1: DDPG)", low=1)
+    target_noise: float = param(0.2, "std of the Gaussian noise smoothing the target action (0: DDPG)", low=0.0)
+    noise_clip: float = param(0.5, "the target smoothing noise is clipped to [-noise_clip, noise_clip]", low=0.0)
+    noise: str = param("gaussian", "exploration noise: gaussian or ou (Ornstein-Uhlenbeck, per sub-env)")
+    exploration_noise: float = param(0.1, "std of the Gaussian exploration noise (noise=gaussian)", low=0.0)
+    ou_theta: float = param(0.15, "OU mean-reversion rate per env step (noise=ou)", low=0.0, high=1.0,
+                            open_low=True)
+    ou_sigma: float = param(0.2, "OU noise scale per env step (noise=ou); stationary std "
+                            "ou_sigma / sqrt(ou_theta (2 - ou_theta))", low=0.0)
+
+    def validate(self) -> None:
+        super().validate()
+        if self.noise not in NOISE_KINDS:
+            raise ConfigError(f"noise={self.noise!r} is invalid: use {' or '.join(NOISE_KINDS)}")
+
+
+class TD3(OffPolicyAgent):
+    """TD3 and DDPG for continuous actions."""
+
+    config_cls = TD3Config
+    discrete = False
+    counters = (*OffPolicyAgent.counters, "num_updates")
+    config: TD3Config
+
+    def __init__(self, config: TD3Config, env: VecEnv, device: torch.device) -> None:
+        super().__init__(config, env, device)
+        self.actor = nn.Sequential(mlp([self.obs_dim, *config.hidden, self.action_dim]), nn.Tanh()).to(device)
+        self.critic = EnsembleQ(self.obs_dim, self.action_dim, config.hidden, config.num_critics).to(device)
+        self.actor_target = copy.deepcopy(self.actor).requires_grad_(False)
+        self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
+        self.actor_optimizer = self.adam(self.actor.parameters(), lr=config.lr)
+        self.critic_optimizer = self.adam([*self.encoder_parameters(), *self.critic.parameters()], lr=config.lr)
+        self.num_updates = 0  # critic steps taken; the actor steps on every policy_delay-th
+        self.ou_noise = torch.zeros(self.num_envs, self.action_dim, device=device)  # (N, action_dim)
+        self.actor_loss: torch.Tensor | None = None  # the latest, reported between delayed actor steps
+
+    def act(self, obs: torch.Tensor, deterministic: bool = False) -> torch.Tensor:
+        """mu(obs): the policy is deterministic either way; ``explore_action`` adds the exploration noise."""
+        return self.actor(self.features(obs))
+
+    def explore_action(self, obs: torch.Tensor) -> torch.Tensor:
+        if self.steps < self.config.warmup_steps:
+            return torch.rand(obs.shape[0], self.action_dim, device=self.device) * 2 - 1
+        return (self.act(obs) + self.exploration_noise()).clamp(-1.0, 1.0)
+
+    def exploration_noise(self) -> torch.Tensor:
+        """Noise (N, action_dim) for the next action of every sub-env."""
+        cfg = self.config
+        white = torch.randn(self.num_envs, self.action_dim, device=self.device)
+        if cfg.noise == "gaussian":
+            return cfg.exploration_noise * white
+        # OU, discretised with dt = 1 env step: x <- x - theta x + sigma eps, restarted from 0 in every new episode.
+        # explore() passes no done flag, but the base class's running episode length is 0 exactly when a sub-env is
+        # about to take the first step of an episode (the first call, or after an auto-reset), so that is the reset
+        # mask. A resumed run resets its envs and this count, hence the noise too: the state needs no checkpoint.
+        new_episode = (self._episode[1] == 0).unsqueeze(-1)  # (N, 1)
+        self.ou_noise = torch.where(new_episode, 0.0, self.ou_noise)
+        self.ou_noise += cfg.ou_sigma * white - cfg.ou_theta * self.ou_noise
+        return self.ou_noise
+
+    def update(self, buffer: ReplayBuffer) -> dict[str, torch.Tensor]:
+        stats = super().update(buffer)
+        if stats and self.config.use_hterm:  # log pi of the Gaussian exploration noise around mu(s)
+            sigma2 = max(self.config.exploration_noise, 1e-3) ** 2
+            hterm = hterm_update(self, buffer.data, lambda x, a: -(a - self.actor(x)).square().sum(-1) / (2 * sigma2),
+                                 self.actor, self.actor_optimizer, oldest=buffer.ptr - buffer.size, size=buffer.size)
+            stats = stats if hterm is None else {**stats, "loss/hterm": hterm}
+        return stats
+
+    def target_action(self, next_obs: torch.Tensor) -> torch.Tensor:
+        """a' = mu_target(s') plus clipped Gaussian noise (target policy smoothing), in [-1, 1]: (B, action_dim)."""
+        cfg = self.config
+        action = self.actor_target(next_obs)
+        if cfg.target_noise == 0:
+            return action
+        noise = (torch.randn_like(action) * cfg.target_noise).clamp(-cfg.noise_clip, cfg.noise_clip)
+        return (action + noise).clamp(-1.0, 1.0)
+
+    @torch.no_grad()
+    def td_target(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """y = r + discount (1 - terminated) min_i Q_target_i(s', a') for a batch (B, ...): (B,).
+
+        ``discount`` is gamma, or gamma^k for an n-step transition whose ``reward`` sums k discounted rewards."""
+        next_obs = self.features(batch["next_obs"])
+        next_q = self.critic_target(next_obs, self.target_action(next_obs)).min(0).values
+        return batch["reward"] + batch["discount"] * (~batch["terminated"]) * next_q
+
+    def update_once(self, batch: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        """One critic step on a sampled batch (B, ...); the actor and targets step when ``policy_delay`` says so.
+        Returns the statistics and the TD errors (B,) (mean over critics) for prioritized replay."""
+        cfg = self.config
+        obs = self.features(batch["obs"])
+        # 1. critics (importance-weighted under prioritized replay)
+        q = self.critic(obs, batch["action"])  # (E, B)
+        td_error = q - self.td_target(batch)  # (E, B)
+        critic_loss = self.weighted_mean(td_error.square().sum(0), batch)
+        self.optimize(self.critic_optimizer, critic_loss)
+        self.num_updates += 1
+        # 2. delayed actor (gradients reach the actor's parameters only) and targets
+        if self.num_updates % cfg.policy_delay == 0:
+            actor_loss = -self.critic(obs, self.actor(obs))[0].mean()
+            self.optimize(self.actor_optimizer, actor_loss, list(self.actor.parameters()))
+            self.soft_update(self.actor_target, self.actor, cfg.tau)
+            self.soft_update(self.critic_target, self.critic, cfg.tau)
+            self.actor_loss = actor_loss.detach()
+        stats = {"loss/critic": critic_loss.detach(), "q/mean": q.detach().mean()}
+        if self.actor_loss is not None:
+            stats["loss/actor"] = self.actor_loss
+        return stats, td_error.detach().abs().mean(0)

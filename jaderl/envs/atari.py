@@ -1,0 +1,63 @@
+"""Atari games through ``ale-py`` (its ROMs ship inside the package) with the standard preprocessing.
+
+Each sub-env is ``gym.make(env_id, frameskip=1)`` wrapped in Gymnasium's ``AtariPreprocessing`` (up to 30 no-op
+actions at reset, the action repeated for 4 frames with the last two max-pooled, 84x84 grayscale) and
+``FrameStackObservation(4)``, so observations are uint8 (4, 84, 84), as in Mnih et al. 2015
+(https://doi.org/10.1038/nature14236). Sticky actions (``repeat_action_probability=0.25``) stay as the v5 ids
+define them (Machado et al. 2018). Install with ``pip install jaderl[atari]``.
+"""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import torch
+
+from jaderl.envs.vec import EnvError, GymnasiumVecEnv
+
+FRAME_STACK = 4
+"""Frames per observation."""
+
+
+def register_atari_envs() -> None:
+    """Register the ``ALE/`` ids with Gymnasium; a one-sentence EnvError when ale-py or OpenCV is missing."""
+    try:
+        import ale_py
+        import cv2  # noqa: F401  (AtariPreprocessing resizes frames with OpenCV)
+    except ImportError as exc:
+        missing = f"Atari envs need ale-py and OpenCV ({exc}); install them with `pip install jaderl[atari]`"
+        raise EnvError(missing) from None
+    gym.register_envs(ale_py)  # importing ale_py registers the ids; this keeps the import from looking unused
+
+
+def make_atari_env(
+    env_id: str,
+    num_envs: int,
+    device: torch.device | str = "cpu",
+    asynchronous: bool = False,
+    terminal_on_life_loss: bool = False,
+    max_episode_steps: int | None = None,
+) -> GymnasiumVecEnv:
+    """``num_envs`` preprocessed copies of the Atari game ``env_id`` (``ALE/Pong-v5`` ...), vectorised in this process
+    (or in one process per sub-env with ``asynchronous=True``).
+
+    ``terminal_on_life_loss`` ends an episode at every lost life; ``max_episode_steps`` truncates episodes after
+    that many agent steps (frame-skipped), which the v5 ids leave unbounded apart from ALE's 108,000-frame limit.
+    Episodes are seeded by ``reset(seed=...)``, like every Gymnasium env jaderl adapts.
+    """
+    register_atari_envs()
+    try:
+        gym.spec(env_id)
+    except gym.error.Error as exc:
+        raise EnvError(f"unknown Atari env {env_id!r} ({exc}); use an id such as ALE/Pong-v5") from None
+
+    def factory() -> gym.Env:
+        env = gym.make(env_id, frameskip=1)  # AtariPreprocessing skips frames itself (and max-pools the last two)
+        env = gym.wrappers.AtariPreprocessing(env, noop_max=30, frame_skip=4, screen_size=84,
+                                              terminal_on_life_loss=terminal_on_life_loss, grayscale_obs=True)
+        if max_episode_steps is not None:  # outside the frame skip, so that it counts agent steps
+            env = gym.wrappers.TimeLimit(env, max_episode_steps)
+        return gym.wrappers.FrameStackObservation(env, FRAME_STACK)
+
+    vector_cls = gym.vector.AsyncVectorEnv if asynchronous and num_envs > 1 else gym.vector.SyncVectorEnv
+    vector = vector_cls([factory] * num_envs, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    return GymnasiumVecEnv(vector, device=device)
