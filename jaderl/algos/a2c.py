@@ -17,12 +17,10 @@ from __future__ import annotations
 import dataclasses
 
 import torch
-from torch import nn
 
-from jaderl.core.agent import Agent
+from jaderl.core.agent import OnPolicyAgent
 from jaderl.core.buffers import RolloutBuffer
 from jaderl.core.config import Config, ConfigError, param
-from jaderl.core.nets import CategoricalActor, GaussianActor, mlp
 from jaderl.envs.vec import VecEnv
 
 OPTIMIZERS = ("rmsprop", "adam")
@@ -53,36 +51,19 @@ class A2CConfig(Config):
                               f"(num_envs * horizon = {self.num_envs * self.horizon}); collect more or disable it")
 
 
-class A2C(Agent):
+class A2C(OnPolicyAgent):
     """A2C for discrete (categorical) and continuous (Gaussian) actions."""
 
     config_cls = A2CConfig
-    on_policy = True
     config: A2CConfig
 
     def __init__(self, config: A2CConfig, env: VecEnv, device: torch.device) -> None:
         super().__init__(config, env, device)
-        actor_cls = CategoricalActor if self.is_discrete else GaussianActor
-        self.actor = actor_cls(self.obs_dim, self.action_dim, config.hidden).to(device)
-        if not self.is_discrete:
-            self.actor.log_std.data.fill_(config.log_std_init)
-        self.critic = mlp([self.obs_dim, *config.hidden, 1], nn.Tanh, out_gain=1.0).to(device)
-        params = [*self.encoder_parameters(), *self.actor.parameters(), *self.critic.parameters()]
+        params = self.build_actor_critic(config.hidden, critic=True, log_std_init=config.log_std_init)
         if config.optimizer == "rmsprop":  # TF's RMSprop defaults, as in the paper's code and SB3
             self.optimizer: torch.optim.Optimizer = torch.optim.RMSprop(params, lr=config.lr, alpha=0.99, eps=1e-5)
         else:
             self.optimizer = self.adam(params, lr=config.lr, eps=1e-5)
-
-    def act(self, obs: torch.Tensor, deterministic: bool = False) -> torch.Tensor:
-        x = self.features(obs)
-        if deterministic:
-            return self.actor(x)
-        action = self.actor.sample(x)
-        return action if self.is_discrete else action.clamp(-1.0, 1.0)
-
-    def explore_action(self, obs: torch.Tensor) -> torch.Tensor:
-        """The unclipped sample: its log-probability is what the update needs (the env clips it to [-1, 1])."""
-        return self.actor.sample(self.features(obs))
 
     def update(self, buffer: RolloutBuffer) -> dict[str, torch.Tensor]:
         cfg, data = self.config, buffer.data

@@ -15,13 +15,11 @@ from __future__ import annotations
 import dataclasses
 
 import torch
-from torch import nn
 
 from jaderl.algos.hterm import HTermConfig, hterm_update
-from jaderl.core.agent import Agent
+from jaderl.core.agent import OnPolicyAgent
 from jaderl.core.buffers import RolloutBuffer
 from jaderl.core.config import Config, ConfigError, param
-from jaderl.core.nets import CategoricalActor, GaussianActor, mlp
 from jaderl.envs.vec import VecEnv
 
 
@@ -49,31 +47,15 @@ class PPOConfig(Config, HTermConfig):
                               f"(num_envs * horizon = {self.num_envs * self.horizon}); lower it or collect more")
 
 
-class PPO(Agent):
+class PPO(OnPolicyAgent):
     """PPO for discrete (categorical) and continuous (Gaussian) actions."""
 
     config_cls = PPOConfig
-    on_policy = True
     config: PPOConfig
 
     def __init__(self, config: PPOConfig, env: VecEnv, device: torch.device) -> None:
         super().__init__(config, env, device)
-        actor_cls = CategoricalActor if self.is_discrete else GaussianActor
-        self.actor = actor_cls(self.obs_dim, self.action_dim, config.hidden).to(device)
-        self.critic = mlp([self.obs_dim, *config.hidden, 1], nn.Tanh, out_gain=1.0).to(device)
-        params = [*self.encoder_parameters(), *self.actor.parameters(), *self.critic.parameters()]
-        self.optimizer = self.adam(params, lr=config.lr, eps=1e-5)
-
-    def act(self, obs: torch.Tensor, deterministic: bool = False) -> torch.Tensor:
-        x = self.features(obs)
-        if deterministic:
-            return self.actor(x)
-        action = self.actor.sample(x)
-        return action if self.is_discrete else action.clamp(-1.0, 1.0)
-
-    def explore_action(self, obs: torch.Tensor) -> torch.Tensor:
-        """The unclipped sample: its log-probability is what the update needs (the env clips it to [-1, 1])."""
-        return self.actor.sample(self.features(obs))
+        self.optimizer = self.adam(self.build_actor_critic(config.hidden, critic=True), lr=config.lr, eps=1e-5)
 
     def update(self, buffer: RolloutBuffer) -> dict[str, torch.Tensor]:
         cfg, data = self.config, buffer.data

@@ -28,12 +28,10 @@ import dataclasses
 import warnings
 
 import torch
-from torch import nn
 
-from jaderl.core.agent import Agent
+from jaderl.core.agent import OnPolicyAgent
 from jaderl.core.buffers import RolloutBuffer
 from jaderl.core.config import Config, ConfigError, param
-from jaderl.core.nets import CategoricalActor, GaussianActor, mlp
 from jaderl.envs.vec import VecEnv
 
 
@@ -78,35 +76,16 @@ class ReinforceConfig(Config):
                               f"(num_envs * horizon = {self.num_envs * self.horizon}); collect more or disable it")
 
 
-class Reinforce(Agent):
+class Reinforce(OnPolicyAgent):
     """REINFORCE and VPG for discrete (categorical) and continuous (Gaussian) actions."""
 
     config_cls = ReinforceConfig
-    on_policy = True
     config: ReinforceConfig
 
     def __init__(self, config: ReinforceConfig, env: VecEnv, device: torch.device) -> None:
         super().__init__(config, env, device)
-        actor_cls = CategoricalActor if self.is_discrete else GaussianActor
-        self.actor = actor_cls(self.obs_dim, self.action_dim, config.hidden).to(device)
-        if not self.is_discrete:
-            self.actor.log_std.data.fill_(config.log_std_init)
-        params = [*self.encoder_parameters(), *self.actor.parameters()]
-        if config.baseline:
-            self.critic = mlp([self.obs_dim, *config.hidden, 1], nn.Tanh, out_gain=1.0).to(device)
-            params += list(self.critic.parameters())
+        params = self.build_actor_critic(config.hidden, critic=config.baseline, log_std_init=config.log_std_init)
         self.optimizer = self.adam(params, lr=config.lr)
-
-    def act(self, obs: torch.Tensor, deterministic: bool = False) -> torch.Tensor:
-        x = self.features(obs)
-        if deterministic:
-            return self.actor(x)
-        action = self.actor.sample(x)
-        return action if self.is_discrete else action.clamp(-1.0, 1.0)
-
-    def explore_action(self, obs: torch.Tensor) -> torch.Tensor:
-        """The unclipped sample: its log-probability is what the update needs (the env clips it to [-1, 1])."""
-        return self.actor.sample(self.features(obs))
 
     def update(self, buffer: RolloutBuffer) -> dict[str, torch.Tensor]:
         cfg, data = self.config, buffer.data

@@ -19,7 +19,7 @@ from torch import nn
 
 from jaderl.core.buffers import Batch, PrioritizedReplayBuffer, ReplayBuffer, RolloutBuffer
 from jaderl.core.config import Config, OffPolicyConfig
-from jaderl.core.nets import NatureCNN, ObsNorm
+from jaderl.core.nets import CategoricalActor, GaussianActor, NatureCNN, ObsNorm, mlp
 from jaderl.envs.vec import VecEnv
 
 
@@ -27,7 +27,8 @@ class Agent:
     """Base of every algorithm. Subclasses set the class attributes and implement ``act`` and ``update``."""
 
     config_cls: ClassVar[type[Config]] = Config
-    on_policy: ClassVar[bool] = False
+    on_policy: ClassVar[bool] = True
+    """Learns from the latest rollout only (replay-buffer algorithms derive from :class:`OffPolicyAgent`)."""
     discrete: ClassVar[bool] = True
     """Whether the algorithm handles Discrete action spaces."""
     continuous: ClassVar[bool] = True
@@ -94,9 +95,7 @@ class Agent:
 
     def make_buffer(self) -> ReplayBuffer | RolloutBuffer:
         """The buffer the training loop feeds ``explore``'s trajectories into."""
-        if self.on_policy:
-            return RolloutBuffer()
-        return ReplayBuffer(self.config.buffer_size, self.num_envs, self.device)
+        return RolloutBuffer()
 
     # --- helpers for subclasses ---
     def features(self, obs: torch.Tensor) -> torch.Tensor:
@@ -196,6 +195,7 @@ class OffPolicyAgent(Agent):
     (``updates_per_step``) on uniform or prioritized, one- or n-step batches; subclasses write ``update_once``."""
 
     config_cls: ClassVar[type[Config]] = OffPolicyConfig
+    on_policy: ClassVar[bool] = False
     config: OffPolicyConfig
 
     def make_buffer(self) -> ReplayBuffer:
@@ -227,3 +227,30 @@ class OffPolicyAgent(Agent):
     def weighted_mean(loss: torch.Tensor, batch: Batch) -> torch.Tensor:
         """Mean of per-transition losses (B,), importance-weighted when the batch comes from prioritized replay."""
         return (loss * batch["weight"]).mean() if "weight" in batch else loss.mean()
+
+
+class OnPolicyAgent(Agent):
+    """Base of rollout algorithms (PPO, A2C, REINFORCE): a categorical or Gaussian actor, optionally a V critic."""
+
+    def build_actor_critic(self, hidden: list[int], critic: bool, log_std_init: float | None = None) -> list:
+        """Create ``self.actor`` (and ``self.critic`` if asked); returns every parameter their optimizer trains."""
+        actor_cls = CategoricalActor if self.is_discrete else GaussianActor
+        self.actor = actor_cls(self.obs_dim, self.action_dim, hidden).to(self.device)
+        if log_std_init is not None and isinstance(self.actor, GaussianActor):
+            self.actor.log_std.data.fill_(log_std_init)
+        params = [*self.encoder_parameters(), *self.actor.parameters()]
+        if critic:
+            self.critic = mlp([self.obs_dim, *hidden, 1], nn.Tanh, out_gain=1.0).to(self.device)
+            params += list(self.critic.parameters())
+        return params
+
+    def act(self, obs: torch.Tensor, deterministic: bool = False) -> torch.Tensor:
+        x = self.features(obs)
+        if deterministic:
+            return self.actor(x)
+        action = self.actor.sample(x)
+        return action if self.is_discrete else action.clamp(-1.0, 1.0)
+
+    def explore_action(self, obs: torch.Tensor) -> torch.Tensor:
+        """The unclipped sample: its log-probability is what the update needs (the env clips it to [-1, 1])."""
+        return self.actor.sample(self.features(obs))

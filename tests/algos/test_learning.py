@@ -42,6 +42,9 @@ CASES: dict[str, tuple[str, str, float, dict[str, Any]]] = {
     "dqn-per-3step-torch-cartpole": ("dqn", "jaderl/CartPole-v1", 475.0,  # ~6k steps
                                      {"seed": 0, "total_steps": 50_000, "eval_every": 2_000, "use_per": True,
                                       "n_step": 3}),
+    "sac_discrete-torch-cartpole": ("sac_discrete", "jaderl/CartPole-v1", 475.0,  # ~32k steps (DQN family's 50k)
+                                    {"seed": 0, "total_steps": 50_000, "eval_every": 2_000, "hidden": [64, 64],
+                                     "lr": 1e-3}),
     # SAC variants (RL-Zoo's SAC budget for Pendulum: 20k steps)
     "modsac-torch-pendulum": ("modsac", "jaderl/Pendulum-v1", -200.0,  # ~6k steps
                               {"seed": 0, "total_steps": 20_000, "eval_every": 1_000, "hidden": [64, 64], "lr": 1e-3}),
