@@ -8,11 +8,12 @@ consecutive steps of one sub-env from its newest ``hterm_window`` steps (the cur
 algorithms), cut at the first episode end (steps after it are masked out). The energy of
 segment l is minus its discounted return, E_l = -G_l with G_l = sum_k gamma^k r_k^l, and the H-term objective is
 
-    L_H(theta) = 1/L sum_l  e_l * sum_k log pi_theta(a_k^l | s_k^l),      e_l = (E_l - mean E) / (std E + 1e-8),
+    L_H(theta) = 1/L sum_l  e_l * 1/K_l sum_k log pi_theta(a_k^l | s_k^l),   e_l = (E_l - mean E) / (std E + 1e-8),
 
-whose gradient lowers the likelihood of high-energy (low-return) segments and raises that of low-energy ones, i.e. a
-trajectory-level policy-gradient step with a normalised-return baseline; it is scaled by ``hterm_coef`` and stepped
-with the actor's optimizer. For deterministic actors (TD3, DDPG), log pi is the Gaussian log-likelihood of the
+(K_l: the segment's steps before its cut), whose gradient lowers the likelihood of high-energy (low-return) segments
+and raises that of low-energy ones, i.e. a trajectory-level policy-gradient step with a normalised-return baseline,
+per step so that its scale does not grow with K; it is scaled by ``hterm_coef`` and stepped with the actor's
+optimizer. For deterministic actors (TD3, DDPG), log pi is the Gaussian log-likelihood of the
 exploration noise, -|a - mu(s)|^2 / (2 sigma^2) with sigma = ``exploration_noise``.
 """
 
@@ -65,7 +66,7 @@ def hterm_loss(log_prob: torch.Tensor, segments: Batch, gamma: float) -> torch.T
     discount = gamma ** torch.arange(done.shape[1], device=done.device, dtype=torch.float32)
     energy = -(segments["reward"] * discount * alive).sum(1)  # (L,)
     energy = (energy - energy.mean()) / (energy.std() + 1e-8)
-    return (energy * (log_prob * alive).sum(1)).mean()
+    return (energy * (log_prob * alive).sum(1) / alive.sum(1)).mean()
 
 
 def hterm_update(agent: object, data: Batch, log_prob_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],

@@ -46,7 +46,7 @@ def test_hterm_loss_matches_reference() -> None:
             if terminated[i, k] or truncated[i, k]:
                 break
         energies.append(-ret)
-        log_likelihoods.append(logp)
+        log_likelihoods.append(logp / (k + 1))
     e = torch.tensor(energies)
     e = (e - e.mean()) / (e.std() + 1e-8)
     expected = sum(float(e[i]) * log_likelihoods[i] for i in range(num)) / num
