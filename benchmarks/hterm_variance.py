@@ -56,7 +56,8 @@ def main() -> None:
         SECTION, "", f"Command: `{command}`  ", f"Date: {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC  ",
         f"Task: {args.algo} on `{args.env}`, {args.steps:,} env steps per run, seeds 0-{args.seeds - 1}, settings "
         f"`{SETTINGS}` and the H-term defaults (L=64 segments of K=16 steps from the newest 1,000 steps, "
-        "coefficient 0.1, one H-term step per hterm_every iterations: 64 for SAC). Final evaluation: 10 deterministic episodes. "
+        "coefficient 0.1, one H-term step per hterm_every iterations: 64 for SAC). "
+        "Final evaluation: 10 deterministic episodes. "
         "Five seeds are a small sample: read the spread as an indication, not a significance test.", "",
         "| H-term | mean final return | std across seeds | worst seed | per seed |", "|---|---|---|---|---|",
         *rows, ""])
