@@ -20,7 +20,7 @@ from torch import nn
 from jaderl.core.buffers import Batch, PrioritizedReplayBuffer, ReplayBuffer, RolloutBuffer
 from jaderl.core.config import Config, OffPolicyConfig
 from jaderl.core.nets import CategoricalActor, GaussianActor, NatureCNN, ObsNorm, mlp
-from jaderl.envs.vec import VecEnv
+from jaderl.envs.vec import EnvError, VecEnv
 
 
 class Agent:
@@ -44,7 +44,10 @@ class Agent:
         self.is_discrete, self.action_dim = env.is_discrete, env.action_dim
         self.obs_dim = math.prod(self.obs_shape)
         self.is_image = len(self.obs_shape) == 3
-        self.encoder: NatureCNN | None = NatureCNN(self.obs_shape).to(device) if self.is_image else None
+        try:
+            self.encoder: NatureCNN | None = NatureCNN(self.obs_shape).to(device) if self.is_image else None
+        except ValueError as exc:  # an observation the CNN cannot read: a problem of the env, said in one sentence
+            raise EnvError(f"{exc}; wrap the env to resize or flatten its observations") from None
         """The CNN every network reads images through (None for vectors); an algorithm whose networks need their own
         copy (DQN's target network) moves it into them and sets it to None, so ``features`` passes images through."""
         if self.encoder is not None:

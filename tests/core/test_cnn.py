@@ -187,3 +187,13 @@ def test_other_discrete_algorithms_train_the_shared_encoder(algo: str) -> None:
     before = _parameters(agent.encoder)
     _train(agent, env, 3)
     assert _changed(before, agent.encoder)
+
+
+def test_agent_on_images_too_small_names_the_problem() -> None:
+    from types import SimpleNamespace
+
+    from jaderl.envs.vec import EnvError
+
+    env = SimpleNamespace(num_envs=2, obs_shape=(3, 8, 8), is_discrete=True, action_dim=2)
+    with pytest.raises(EnvError, match=r"at least 36x36.*resize"):
+        PPO(make_config("ppo", "jaderl/CartPole-v1"), env, torch.device("cpu"))
