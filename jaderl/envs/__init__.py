@@ -4,15 +4,25 @@ from __future__ import annotations
 
 import torch
 
-from jaderl.envs.classic import TORCH_ENVS
+from jaderl.envs.chasing import CHASING_ENVS
+from jaderl.envs.classic import MORE_TORCH_ENVS
+from jaderl.envs.classic import TORCH_ENVS as _CLASSIC_ENVS
 from jaderl.envs.vec import EnvError, GymnasiumVecEnv, VecEnv
+
+TORCH_ENVS: dict[str, type[VecEnv]] = {**_CLASSIC_ENVS, **MORE_TORCH_ENVS, **CHASING_ENVS}
+"""Every torch-native env id and its class; each class takes ``(num_envs, device, dtype, seed)``."""
 
 __all__ = ["TORCH_ENVS", "EnvError", "GymnasiumVecEnv", "VecEnv", "make_env"]
 
 
-def make_env(name: str, num_envs: int, device: torch.device | str = "cpu", seed: int | None = None) -> VecEnv:
+def make_env(name: str, num_envs: int, device: torch.device | str = "cpu", seed: int | None = None,
+             workers: int = 0) -> VecEnv:
     """Build ``num_envs`` copies of env ``name``: a built-in torch env (``jaderl/...``), an Atari game (``ALE/...``,
-    preprocessed as in :mod:`jaderl.envs.atari`) or any Gymnasium id."""
+    preprocessed as in :mod:`jaderl.envs.atari`) or any Gymnasium id.
+
+    ``workers > 0`` steps a Gymnasium id in that many processes through shared memory
+    (:class:`~jaderl.envs.subproc.SubprocVecEnv`); the default steps it in this process. Torch-native and Atari
+    envs ignore it."""
     if name.startswith("ALE/"):
         from jaderl.envs.atari import make_atari_env
 
@@ -21,4 +31,8 @@ def make_env(name: str, num_envs: int, device: torch.device | str = "cpu", seed:
         return TORCH_ENVS[name](num_envs=num_envs, device=device, seed=seed)
     if name.startswith("jaderl/"):
         raise EnvError(f"unknown env {name!r}; the built-in torch envs are: {', '.join(sorted(TORCH_ENVS))}")
+    if workers > 0:
+        from jaderl.envs.subproc import SubprocVecEnv
+
+        return SubprocVecEnv(name, num_envs, num_workers=workers, device=device)
     return GymnasiumVecEnv(name, num_envs=num_envs, device=device)

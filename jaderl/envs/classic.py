@@ -1,5 +1,9 @@
 """Torch-native batched versions of Gymnasium's classic-control ``Pendulum-v1`` and ``CartPole-v1``.
 
+(``Acrobot-v1``, ``MountainCar-v0`` and ``MountainCarContinuous-v0`` follow at the end of the module, with the same
+machinery and the same promises; their class docstrings say what matches Gymnasium. They are registered in
+``MORE_TORCH_ENVS``, which :mod:`jaderl.envs` merges into its ``TORCH_ENVS``.)
+
 Both envs follow the :class:`~jaderl.envs.vec.VecEnv` contract and run as pure tensor code (no per-env Python loop,
 no host synchronisation in ``step``), on CPU or CUDA, for any number of sub-envs.
 
@@ -38,7 +42,15 @@ import torch
 
 from jaderl.envs.vec import EnvError, VecEnv
 
-__all__ = ["TORCH_ENVS", "CartPoleEnv", "PendulumEnv"]
+__all__ = [
+    "MORE_TORCH_ENVS",
+    "TORCH_ENVS",
+    "AcrobotEnv",
+    "CartPoleEnv",
+    "MountainCarContinuousEnv",
+    "MountainCarEnv",
+    "PendulumEnv",
+]
 
 StepResult = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, dict]
 
@@ -318,3 +330,280 @@ TORCH_ENVS: dict[str, type[VecEnv]] = {
     "jaderl/CartPole-v1": CartPoleEnv,
 }
 """Torch-native env ids and their classes; each class takes ``(num_envs, device, dtype, seed)``."""
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Acrobot-v1, MountainCar-v0 and MountainCarContinuous-v0 (Gymnasium 1.4 ``acrobot.py``, ``mountain_car.py`` and
+# ``continuous_mountain_car.py``). Same machinery and the same promises as above: pure tensor code, masked auto-resets,
+# ``TimeLimit`` truncation, ``set_state`` in Gymnasium's ``unwrapped.state`` layout; the float arithmetic follows
+# Gymnasium's order of operations so that float64 trajectories agree with it to rounding error.
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def _discrete_offset(action: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A 3-way discrete action ``{0, 1, 2}`` as ``action - 1`` in ``{-1, 0, 1}`` (out-of-range actions are clamped)."""
+    return action.clamp(0, 2).sub_(1).to(dtype)
+
+
+class AcrobotEnv(_TorchClassicEnv):
+    """Batched torch ``Acrobot-v1`` (Gymnasium 1.4 "book" dynamics, RK4 over ``dt = 0.2`` s, truncated at 500 steps).
+
+    Action: ``(num_envs,)`` integers ``0, 1, 2`` = torque ``-1, 0, +1`` on the joint between the links (out-of-range
+    values are clamped to that range; Gymnasium rejects them). Observation: ``(num_envs, 6)`` = ``[cos th1, sin th1,
+    cos th2, sin th2, dth1, dth2]``. State: ``[th1, th2, dth1, dth2]``, initially ``U(-0.1, 0.1)`` each. Reward
+    ``-1`` per step and ``0`` on the step that terminates, which is when ``-cos th1 - cos(th2 + th1) > 1`` after the
+    step. After each RK4 step the angles are wrapped into ``[-pi, pi]`` and the velocities clipped to
+    ``[-4 pi, 4 pi]`` and ``[-9 pi, 9 pi]``, as Gymnasium does (``torque_noise_max = 0``, no noise).
+    """
+
+    state_dim = 4
+    _init_high = (0.1, 0.1, 0.1, 0.1)
+
+    dt = 0.2
+    link_length_1 = 1.0
+    link_mass_1 = 1.0
+    link_mass_2 = 1.0
+    link_com_pos_1 = 0.5
+    link_com_pos_2 = 0.5
+    link_moi = 1.0
+    max_vel_1 = 4 * math.pi
+    max_vel_2 = 9 * math.pi
+    g = 9.8
+
+    def __init__(
+        self,
+        num_envs: int = 1,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype = torch.float32,
+        seed: int | None = None,
+    ) -> None:
+        """Build ``num_envs`` acrobots on ``device``; the state and observations use ``dtype``.
+
+        ``seed`` seeds the env's ``torch.Generator`` (a random seed when ``None``).
+        """
+        self.obs_shape = (6,)
+        self.is_discrete = True
+        self.action_dim = 3
+        self.max_steps = 500
+        super().__init__(num_envs, device, dtype, seed)
+        # Gymnasium's constant sub-expressions of _dsdt, evaluated in its order (Python floats, left to right)
+        m1, m2, l1 = self.link_mass_1, self.link_mass_2, self.link_length_1
+        lc1, lc2, i1, i2, g = self.link_com_pos_1, self.link_com_pos_2, self.link_moi, self.link_moi, self.g
+        self._m2, self._i1, self._i2 = m2, i1, i2
+        self._d1_a = m1 * lc1**2
+        self._d1_b = l1**2 + lc2**2
+        self._d1_c = 2 * l1 * lc2
+        self._d2_a = lc2**2
+        self._d2_b = l1 * lc2
+        self._phi2_c = m2 * lc2 * g
+        self._phi1_a = -m2 * l1 * lc2
+        self._phi1_b = 2 * m2 * l1 * lc2
+        self._phi1_c = (m1 * lc1 + m2 * l1) * g
+        self._dd2_a = m2 * l1 * lc2
+        self._dd2_den = m2 * lc2**2 + i2
+
+    def _observe(self) -> torch.Tensor:
+        th1, th2 = self._state[:2]
+        obs = torch.empty(self.num_envs, 6, dtype=self.dtype, device=self.device)
+        torch.cos(th1, out=obs[:, 0])
+        torch.sin(th1, out=obs[:, 1])
+        torch.cos(th2, out=obs[:, 2])
+        torch.sin(th2, out=obs[:, 3])
+        obs[:, 4:].T.copy_(self._state[2:])
+        return obs
+
+    def _dsdt(
+        self, th1: torch.Tensor, th2: torch.Tensor, dth1: torch.Tensor, dth2: torch.Tensor, a: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Gymnasium's ``_dsdt`` ("book" equations), operation for operation: ``(dth1, dth2, ddth1, ddth2)``."""
+        cos2, sin2 = th2.cos(), th2.sin()
+        # d1 = m1 lc1^2 + m2 (l1^2 + lc2^2 + 2 l1 lc2 cos th2) + I1 + I2
+        d1 = cos2.mul(self._d1_c).add_(self._d1_b).mul_(self._m2).add_(self._d1_a).add_(self._i1).add_(self._i2)
+        # d2 = m2 (lc2^2 + l1 lc2 cos th2) + I2
+        d2 = cos2.mul(self._d2_b).add_(self._d2_a).mul_(self._m2).add_(self._i2)
+        # phi2 = m2 lc2 g cos(th1 + th2 - pi/2)
+        phi2 = th1.add(th2).sub_(math.pi / 2.0).cos_().mul_(self._phi2_c)
+        # phi1 = -m2 l1 lc2 dth2^2 sin th2 - 2 m2 l1 lc2 dth2 dth1 sin th2 + (m1 lc1 + m2 l1) g cos(th1 - pi/2) + phi2
+        phi1 = dth2.mul(dth2).mul_(self._phi1_a).mul_(sin2)
+        phi1.sub_(dth2.mul(self._phi1_b).mul_(dth1).mul_(sin2))
+        phi1.add_(th1.sub(math.pi / 2).cos_().mul_(self._phi1_c)).add_(phi2)
+        # ddth2 = (a + d2/d1 phi1 - m2 l1 lc2 dth1^2 sin th2 - phi2) / (m2 lc2^2 + I2 - d2^2/d1)
+        num = d2.div(d1).mul_(phi1).add_(a)  # a + x == x + a exactly
+        num.sub_(dth1.mul(dth1).mul_(self._dd2_a).mul_(sin2)).sub_(phi2)
+        den = d2.mul(d2).div_(d1).neg_().add_(self._dd2_den)  # c - x == (-x) + c exactly
+        ddth2 = num.div_(den)
+        # ddth1 = -(d2 ddth2 + phi1) / d1
+        ddth1 = d2.mul(ddth2).add_(phi1).neg_().div_(d1)
+        return dth1, dth2, ddth1, ddth2
+
+    def step(self, action: torch.Tensor) -> StepResult:
+        """Advance every acrobot one RK4 step of ``dt = 0.2`` s (see the class docstring for what matches Gymnasium)."""
+        a = _discrete_offset(self._action(action, None), self.dtype)  # torque -1, 0, +1
+        y0 = tuple(self._state)
+        dt = self.dt  # Gymnasium integrates over t = [0, dt] with one RK4 step
+        dt2 = dt / 2.0
+        k1 = self._dsdt(*y0, a)
+        k2 = self._dsdt(*(y + dt2 * k for y, k in zip(y0, k1, strict=True)), a)
+        k3 = self._dsdt(*(y + dt2 * k for y, k in zip(y0, k2, strict=True)), a)
+        k4 = self._dsdt(*(y + dt * k for y, k in zip(y0, k3, strict=True)), a)
+        # y0 + dt/6 (k1 + 2 k2 + 2 k3 + k4), row by row, written into the state in place. k1[0] and k1[1] are the
+        # velocity rows themselves: the angle rows (0, 1) are updated before the velocity rows (2, 3) change.
+        for y, c1, c2, c3, c4 in zip(y0, k1, k2, k3, k4, strict=True):
+            inc = c2.mul(2).add_(c1).add_(c3.mul(2)).add_(c4)
+            y.add_(inc.mul_(dt / 6.0))
+        th, vel = self._state[:2], self._state[2:]
+        _wrap_(th, -math.pi, math.pi)
+        vel[0].clamp_(-self.max_vel_1, self.max_vel_1)
+        vel[1].clamp_(-self.max_vel_2, self.max_vel_2)
+
+        th1, th2 = th
+        terminated = th1.cos().neg_().sub_(th2.add(th1).cos_()) > 1.0
+        reward = terminated.to(torch.float32).sub_(1.0)  # -1, or 0 on the terminating step
+        obs, terminated, truncated, info = self._finish_step(terminated)
+        return obs, reward, terminated, truncated, info
+
+
+def _wrap_(x: torch.Tensor, low: float, high: float) -> torch.Tensor:
+    """Gymnasium's ``wrap`` in place: subtract (add) ``high - low`` until ``low <= x <= high``.
+
+    One subtraction (addition) covers every value Acrobot produces and is then bit-identical to Gymnasium's loop; a
+    value further out is moved by the needed whole number of periods in one go.
+    """
+    diff = high - low
+    over = x.sub(high).div_(diff).ceil_().clamp_min_(0.0)
+    x.sub_(over.mul_(diff))
+    under = x.neg().add_(low).div_(diff).ceil_().clamp_min_(0.0)
+    return x.add_(under.mul_(diff))
+
+
+class _MountainCarBase(_TorchClassicEnv):
+    """State ``[position, velocity]``; initial position ``U(-0.6, -0.4)``, velocity ``0`` (Gymnasium's reset)."""
+
+    state_dim = 2
+    _init_high = (0.0, 0.0)  # unused: _sample_initial is overridden
+
+    min_position = -1.2
+    max_position = 0.6
+    max_speed = 0.07
+    goal_velocity = 0.0
+    goal_position: float
+
+    def _sample_initial(self) -> torch.Tensor:
+        out = torch.zeros(2, self.num_envs, device=self.device, dtype=self.dtype)
+        out[0].uniform_(-0.6, -0.4, generator=self.generator)
+        return out
+
+    def _observe(self) -> torch.Tensor:
+        obs = torch.empty(self.num_envs, 2, dtype=self.dtype, device=self.device)
+        obs.T.copy_(self._state)
+        return obs
+
+    def _move(self, acc: torch.Tensor) -> torch.Tensor:
+        """``velocity += acc``, then Gymnasium's clipping and wall; returns ``terminated`` (state updated in place)."""
+        position, velocity = self._state
+        velocity.add_(acc).clamp_(-self.max_speed, self.max_speed)
+        position.add_(velocity).clamp_(self.min_position, self.max_position)
+        velocity.masked_fill_((position == self.min_position) & (velocity < 0), 0.0)
+        return (position >= self.goal_position) & (velocity >= self.goal_velocity)
+
+
+class MountainCarEnv(_MountainCarBase):
+    """Batched torch ``MountainCar-v0`` (Gymnasium 1.4 dynamics, truncated at 200 steps).
+
+    Action: ``(num_envs,)`` integers ``0, 1, 2`` = push left, no push, push right (force ``(action - 1) * 0.001``;
+    out-of-range values are clamped to that range, Gymnasium rejects them). Observation and state: ``(num_envs, 2)``
+    = ``[position, velocity]``. Reward ``-1`` per step, the terminating one included; terminated when, after the step,
+    ``position >= 0.5`` and ``velocity >= 0``.
+    """
+
+    goal_position = 0.5
+    force = 0.001
+    gravity = 0.0025
+
+    def __init__(
+        self,
+        num_envs: int = 1,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype = torch.float32,
+        seed: int | None = None,
+    ) -> None:
+        """Build ``num_envs`` mountain cars on ``device``; the state and observations use ``dtype``.
+
+        ``seed`` seeds the env's ``torch.Generator`` (a random seed when ``None``).
+        """
+        self.obs_shape = (2,)
+        self.is_discrete = True
+        self.action_dim = 3
+        self.max_steps = 200
+        super().__init__(num_envs, device, dtype, seed)
+
+    def step(self, action: torch.Tensor) -> StepResult:
+        """Advance every car one step (see the class docstring for what matches Gymnasium)."""
+        push = _discrete_offset(self._action(action, None), self.dtype).mul_(self.force)
+        # velocity += (action - 1) * force + cos(3 * position) * (-gravity)
+        acc = self._state[0].mul(3).cos_().mul_(-self.gravity).add_(push)
+        terminated = self._move(acc)
+        reward = torch.full((self.num_envs,), -1.0, dtype=torch.float32, device=self.device)
+        obs, terminated, truncated, info = self._finish_step(terminated)
+        return obs, reward, terminated, truncated, info
+
+
+class MountainCarContinuousEnv(_MountainCarBase):
+    """Batched torch ``MountainCarContinuous-v0`` (Gymnasium 1.4 dynamics, truncated at 999 steps).
+
+    Action: ``(num_envs, 1)`` (or ``(num_envs,)``) floats, clipped to ``[-1, 1]``: the force itself (power
+    ``0.0015``). Observation and state: ``(num_envs, 2)`` = ``[position, velocity]``. Reward ``-0.1 * force**2`` per
+    step, plus ``100`` on the step that terminates, which is when, after the step, ``position >= 0.45`` and
+    ``velocity >= 0``. The penalty uses the clipped action (Gymnasium squares the raw one; jaderl's Gymnasium adapter
+    clips before stepping, so both agree for every action). Like Gymnasium, the state is rounded to float32 at the end
+    of every step (Gymnasium stores it as a float32 array) after termination was decided on the unrounded values,
+    and ``3 * position`` is rounded to float32 (Gymnasium's float32 product); both matter only with a float64
+    ``dtype``, where they keep 500-step float64 trajectories within 1e-6 of Gymnasium's.
+    """
+
+    goal_position = 0.45
+    power = 0.0015
+
+    def __init__(
+        self,
+        num_envs: int = 1,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype = torch.float32,
+        seed: int | None = None,
+    ) -> None:
+        """Build ``num_envs`` continuous mountain cars on ``device``; the state and observations use ``dtype``.
+
+        ``seed`` seeds the env's ``torch.Generator`` (a random seed when ``None``).
+        """
+        self.obs_shape = (2,)
+        self.is_discrete = False
+        self.action_dim = 1
+        self.max_steps = 999
+        super().__init__(num_envs, device, dtype, seed)
+
+    def step(self, action: torch.Tensor) -> StepResult:
+        """Advance every car one step (see the class docstring for what matches Gymnasium)."""
+        force = self._action(action, self.dtype).clamp(-1.0, 1.0)
+        # velocity += force * power - 0.0025 * cos(3 * position)
+        # (no `alpha=`/`addcmul`: they may be fused into one FMA rounding, Gymnasium rounds every product). Gymnasium's
+        # `3 * position` is a float32 product (its stored position is float32): 3 * p is exact in float64 for a
+        # float32 p, so rounding it to float32 reproduces that product.
+        angle = self._state[0].mul(3)
+        if self.dtype != torch.float32:
+            angle = angle.to(torch.float32).to(self.dtype)
+        acc = angle.cos_().mul_(-0.0025).add_(force * self.power)
+        terminated = self._move(acc)
+        if self.dtype != torch.float32:
+            self._state.copy_(self._state.to(torch.float32))
+        reward = terminated.to(self.dtype).mul_(100.0).sub_(force.mul(force).mul_(0.1)).to(torch.float32)
+        obs, terminated, truncated, info = self._finish_step(terminated)
+        return obs, reward, terminated, truncated, info
+
+
+MORE_TORCH_ENVS: dict[str, type[VecEnv]] = {
+    "jaderl/Acrobot-v1": AcrobotEnv,
+    "jaderl/MountainCar-v0": MountainCarEnv,
+    "jaderl/MountainCarContinuous-v0": MountainCarContinuousEnv,
+}
+"""The classic-control envs added after Pendulum and CartPole; :mod:`jaderl.envs` merges them into its
+``TORCH_ENVS`` (this module's ``TORCH_ENVS`` keeps only the first two)."""
