@@ -119,9 +119,9 @@ def main(argv: list[str] | None = None) -> int:
             from jaderl.envs import TORCH_ENVS
 
             for name, cls in TORCH_ENVS.items():
-                print(f"{name:<22} torch-native, batched on CPU or GPU ({(cls.__doc__ or '').splitlines()[0]})")
-            print("any Gymnasium id       e.g. CartPole-v1, Pendulum-v1, HalfCheetah-v5 (stepped in this process)")
-            print("ALE/<Game>-v5          Atari through ale-py, standard preprocessing (pip install jaderl[atari])")
+                print(f"{name:<32} torch-native, batched on CPU or GPU ({(cls.__doc__ or '').splitlines()[0]})")
+            print(f"{'any Gymnasium id':<32} e.g. CartPole-v1, Pendulum-v1, HalfCheetah-v5 (stepped in this process)")
+            print(f"{'ALE/<Game>-v5':<32} Atari through ale-py, standard preprocessing (pip install jaderl[atari])")
     except (ConfigError, EnvError, FileNotFoundError) as exc:
         _fail(str(exc))
     except TrainingError as exc:

@@ -555,10 +555,15 @@ class MountainCarContinuousEnv(_MountainCarBase):
     ``0.0015``). Observation and state: ``(num_envs, 2)`` = ``[position, velocity]``. Reward ``-0.1 * force**2`` per
     step, plus ``100`` on the step that terminates, which is when, after the step, ``position >= 0.45`` and
     ``velocity >= 0``. The penalty uses the clipped action (Gymnasium squares the raw one; jaderl's Gymnasium adapter
-    clips before stepping, so both agree for every action). Like Gymnasium, the state is rounded to float32 at the end
-    of every step (Gymnasium stores it as a float32 array) after termination was decided on the unrounded values,
-    and ``3 * position`` is rounded to float32 (Gymnasium's float32 product); both matter only with a float64
-    ``dtype``, where they keep 500-step float64 trajectories within 1e-6 of Gymnasium's.
+    clips before stepping, so both agree for every action).
+
+    Gymnasium's precision is reproduced as well, which matters with a float64 ``dtype`` only: its state is a float64
+    array after ``reset`` but a float32 array after every ``step``. So the state is rounded to float32 at the end of
+    every step (after termination was decided on the unrounded values), and ``3 * position`` is rounded to float32
+    (Gymnasium's float32 product) where the position is a float32 value, i.e. on every step but the first of an
+    episode (Gymnasium's fresh positions are float64 draws). Near the hilltop the dynamics amplify a one-ulp float32
+    difference about 1e4-fold within 150 steps, so without this float64 trajectories drift 1e-6 away from
+    Gymnasium's.
     """
 
     goal_position = 0.45
@@ -585,15 +590,18 @@ class MountainCarContinuousEnv(_MountainCarBase):
         """Advance every car one step (see the class docstring for what matches Gymnasium)."""
         force = self._action(action, self.dtype).clamp(-1.0, 1.0)
         # velocity += force * power - 0.0025 * cos(3 * position)
-        # (no `alpha=`/`addcmul`: they may be fused into one FMA rounding, Gymnasium rounds every product). Gymnasium's
-        # `3 * position` is a float32 product (its stored position is float32): 3 * p is exact in float64 for a
-        # float32 p, so rounding it to float32 reproduces that product.
-        angle = self._state[0].mul(3)
-        if self.dtype != torch.float32:
-            angle = angle.to(torch.float32).to(self.dtype)
+        # (no `alpha=`/`addcmul`: they may be fused into one FMA rounding, Gymnasium rounds every product). Once the
+        # state is float32, Gymnasium's `3 * position` is a float32 product: 3 * p is exact in float64 for a float32
+        # p, so rounding it to float32 reproduces that product.
+        position = self._state[0]
+        angle = position.mul(3)
+        exact = self.dtype != torch.float32
+        if exact:
+            is_f32 = position.to(torch.float32).to(self.dtype) == position
+            angle = torch.where(is_f32, angle.to(torch.float32).to(self.dtype), angle)
         acc = angle.cos_().mul_(-0.0025).add_(force * self.power)
         terminated = self._move(acc)
-        if self.dtype != torch.float32:
+        if exact:
             self._state.copy_(self._state.to(torch.float32))
         reward = terminated.to(self.dtype).mul_(100.0).sub_(force.mul(force).mul_(0.1)).to(torch.float32)
         obs, terminated, truncated, info = self._finish_step(terminated)
