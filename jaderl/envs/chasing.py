@@ -22,8 +22,8 @@ v1 (agent velocity)]``, each block ``dim`` wide.
 
 Differences from ElegantRL's code: resets are masked tensor operations, not a Python loop over sub-envs; the distance a
 reward starts from is that of the current state, so the first reward of a fresh episode does not use the distance at
-the end of the previous one (in ElegantRL's it did, a spurious ``-d_start`` jump); the action is clipped to the contract's
-``[-1, 1]^dim`` before the norm is taken; both ``terminated`` and ``truncated`` are returned (ElegantRL's had one
+the end of the previous one (in ElegantRL's it did, a spurious ``-d_start`` jump); the action is clipped to the
+contract's ``[-1, 1]^dim`` before the norm is taken; both ``terminated`` and ``truncated`` are returned (ElegantRL's had one
 ``done``).
 """
 
@@ -38,7 +38,7 @@ __all__ = ["CHASING_ENVS", "ChasingEnv"]
 
 
 class ChasingEnv(_TorchClassicEnv):
-    """Batched torch chasing env (after ElegantRL's ChasingVecEnv): the agent accelerates towards a randomly moving target.
+    """Batched torch chasing env (after ElegantRL's ChasingVecEnv): an agent accelerates towards a moving target.
 
     Action: ``(num_envs, dim)`` floats in ``[-1, 1]`` (the agent's acceleration). Observation and state:
     ``(num_envs, 4 * dim)`` = ``[target pos, target vel, agent pos, agent vel]``. See :mod:`jaderl.envs.chasing`.
