@@ -23,8 +23,8 @@ v1 (agent velocity)]``, each block ``dim`` wide.
 Differences from ElegantRL's code: resets are masked tensor operations, not a Python loop over sub-envs; the distance a
 reward starts from is that of the current state, so the first reward of a fresh episode does not use the distance at
 the end of the previous one (in ElegantRL's it did, a spurious ``-d_start`` jump); the action is clipped to the
-contract's ``[-1, 1]^dim`` before the norm is taken; both ``terminated`` and ``truncated`` are returned (ElegantRL's had one
-``done``).
+contract's ``[-1, 1]^dim`` before the norm is taken; both ``terminated`` and ``truncated`` are returned
+(ElegantRL's had one ``done``).
 """
 
 from __future__ import annotations
