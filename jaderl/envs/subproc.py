@@ -1,0 +1,400 @@
+"""Multi-process stepping of ordinary (non-vectorised) Gymnasium envs through shared memory.
+
+:class:`SubprocVecEnv` runs ``num_workers`` processes that each own a contiguous slice of the ``num_envs`` sub-envs.
+All per-step data lives in one ``multiprocessing.shared_memory`` segment allocated once (actions, observations,
+final observations, rewards, terminated, truncated), viewed as numpy arrays on both sides, so no observation or
+action is ever pickled. Each step the parent writes the actions into shared memory and sends every worker a
+one-byte message over its pipe; the worker steps its slice (same-step auto-reset, keeping the final observation),
+writes the results into shared memory and answers with one byte. A worker that raises answers with its error
+instead (which env and the exception's last traceback line); a worker that dies closes its pipe, and the parent
+also polls every worker's exit code while it waits, so both are reported by name within a second.
+
+Workers start with ``forkserver`` (default) or ``spawn``, never ``fork``: they are safe to create from a process
+that has threads or has initialised CUDA. ``close()`` (also run when the env is garbage-collected and at interpreter
+exit) stops, joins and if need be kills every worker and frees the shared memory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import itertools
+import multiprocessing as mp
+import multiprocessing.connection as mpc
+import os
+import pickle
+import select
+import signal
+import time
+import traceback
+import weakref
+from collections.abc import Callable
+from multiprocessing import shared_memory
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from jaderl.envs.vec import EnvError, VecEnv, _gym_factory
+
+_STEP, _RESET, _RESET_SEEDED, _CLOSE, _OK, _ERROR = b"s", b"r", b"R", b"c", b"k", b"e"
+"""One-byte signals written straight to the pipes' file descriptors once the worker is set up: one system call
+each way per worker and step. An error is ``_ERROR`` followed by a framed message (``Connection.send_bytes``)."""
+_POLL_S = 0.25
+"""How often the parent checks that the workers it waits on are still alive."""
+
+
+def _layout(num_envs: int, obs_shape: tuple[int, ...], obs_dtype: np.dtype, act_shape: tuple[int, ...],
+            act_dtype: np.dtype) -> tuple[dict[str, tuple[int, tuple[int, ...], str]], int]:
+    """Offsets, shapes and dtypes of the shared buffers (64-byte aligned) and the segment's total size."""
+    specs = {
+        "action": ((num_envs, *act_shape), np.dtype(act_dtype)),
+        "obs": ((num_envs, *obs_shape), np.dtype(obs_dtype)),
+        "final_obs": ((num_envs, *obs_shape), np.dtype(obs_dtype)),
+        "reward": ((num_envs,), np.dtype(np.float64)),
+        "terminated": ((num_envs,), np.dtype(np.bool_)),
+        "truncated": ((num_envs,), np.dtype(np.bool_)),
+        "seed": ((1,), np.dtype(np.int64)),
+    }
+    layout, offset = {}, 0
+    for name, (shape, dtype) in specs.items():
+        layout[name] = (offset, shape, dtype.str)
+        offset += -(-int(np.prod(shape)) * dtype.itemsize // 64) * 64
+    return layout, max(offset, 64)
+
+
+def _views(buf: Any, layout: dict[str, tuple[int, tuple[int, ...], str]]) -> dict[str, np.ndarray]:
+    return {name: np.ndarray(shape, dtype=np.dtype(dtype), buffer=buf, offset=offset)
+            for name, (offset, shape, dtype) in layout.items()}
+
+
+def _error_line(exc: BaseException) -> str:
+    return traceback.format_exception_only(type(exc), exc)[-1].strip()
+
+
+def _worker(conn: mpc.Connection, factory: Callable[[], gym.Env], start: int, stop: int) -> None:
+    """Own sub-envs ``start..stop-1``: build them, then serve reset/step requests until told to close."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it then closes the workers
+    envs: list[gym.Env] = []
+    shm = None
+    where = [start]  # the sub-env being built or stepped, for error messages
+    raw = False  # whether this worker's answers are one-byte signals yet (they are after the spaces are sent)
+    try:
+        for index in range(start, stop):
+            where[0] = index
+            envs.append(factory())
+        env = envs[0]
+        conn.send((env.observation_space, env.action_space, int(getattr(env.spec, "max_episode_steps", None) or 0)))
+        raw = True
+        name, layout = conn.recv()
+        shm = shared_memory.SharedMemory(name=name)
+        os.write(conn.fileno(), _OK)
+        _serve(conn.fileno(), envs, _views(shm.buf, layout), start, stop, where)
+    except Exception as exc:  # report it to the parent, which raises it by worker name
+        message = f"env {where[0]}: {_error_line(exc)}".encode()
+        with contextlib.suppress(OSError, ValueError):
+            if raw:
+                os.write(conn.fileno(), _ERROR)
+                conn.send_bytes(message)
+            else:
+                conn.send_bytes(_ERROR + message)
+    finally:
+        for env in envs:
+            with contextlib.suppress(Exception):
+                env.close()
+        if shm is not None:
+            with contextlib.suppress(BufferError):  # a view survived in a traceback; it goes with the process
+                shm.close()
+        conn.close()
+
+
+def _serve(fd: int, envs: list[gym.Env], views: dict[str, np.ndarray], start: int, stop: int,
+           where: list[int]) -> None:
+    act, obs_buf, fin_buf = views["action"][start:stop], views["obs"][start:stop], views["final_obs"][start:stop]
+    rew_buf, term_buf, trunc_buf = views["reward"][start:stop], views["terminated"][start:stop], \
+        views["truncated"][start:stop]
+    discrete = act.ndim == 1
+    while True:
+        try:
+            command = os.read(fd, 1)
+        except OSError:  # the parent is gone (an empty read says the same)
+            return
+        if command == _STEP:
+            for j, env in enumerate(envs):
+                where[0] = start + j
+                obs, reward, terminated, truncated, _ = env.step(act[j] if discrete else act[j].copy())
+                rew_buf[j], term_buf[j], trunc_buf[j] = reward, terminated, truncated
+                fin_buf[j] = obs
+                if terminated or truncated:
+                    obs, _ = env.reset()
+                obs_buf[j] = obs
+        elif command in (_RESET, _RESET_SEEDED):
+            seed = int(views["seed"][0]) if command == _RESET_SEEDED else None
+            for j, env in enumerate(envs):
+                where[0] = start + j
+                obs_buf[j], _ = env.reset(seed=None if seed is None else seed + start + j)
+        else:
+            return
+        os.write(fd, _OK)
+
+
+class _Workers:
+    """The worker processes, their pipes and the shared memory: everything :meth:`close` must release.
+
+    Kept apart from :class:`SubprocVecEnv` so a ``weakref.finalize`` can release it without referencing the env.
+    """
+
+    def __init__(self) -> None:
+        self.processes: list[mp.process.BaseProcess] = []
+        self.conns: list[mpc.Connection] = []
+        self.shm: shared_memory.SharedMemory | None = None
+        self.views: dict[str, np.ndarray] = {}
+
+    def close(self) -> None:
+        for conn, process in zip(self.conns, self.processes, strict=True):
+            if process.is_alive():
+                with contextlib.suppress(OSError, ValueError):
+                    os.write(conn.fileno(), _CLOSE)
+        deadline = time.monotonic() + 1.0
+        for process in self.processes:
+            process.join(timeout=max(0.0, deadline - time.monotonic()))
+        for process in self.processes:
+            if process.is_alive():
+                process.terminate()
+                process.join(timeout=1.0)
+            if process.is_alive():
+                process.kill()
+                process.join()
+            process.close()
+        for conn in self.conns:
+            conn.close()
+        self.processes, self.conns = [], []
+        self.views = {}
+        if self.shm is not None:
+            self.shm.close()
+            with contextlib.suppress(FileNotFoundError):
+                self.shm.unlink()
+            self.shm = None
+
+
+def _check_finite(name: str, array: np.ndarray) -> None:
+    if array.dtype != np.uint8 and not np.isfinite(array).all():
+        raise EnvError(f"the env returned a non-finite {name}; fix the env or wrap it to clip or reset")
+
+
+class SubprocVecEnv(VecEnv):
+    """``num_envs`` copies of a Gymnasium env stepped by ``num_workers`` processes through shared memory.
+
+    ``env_id_or_factory`` is a Gymnasium id or a picklable callable (a module-level function or a
+    ``functools.partial``) returning a ``gym.Env``; ``env_kwargs`` are passed to ``gym.make`` or to the factory.
+    Semantics match :class:`~jaderl.envs.vec.GymnasiumVecEnv` on a ``SyncVectorEnv``: Box actions are rescaled
+    from ``[-1, 1]``, ``reset(seed)`` seeds sub-env ``i`` with ``seed + i``, finished sub-envs reset in the same step
+    and ``info["final_obs"]`` holds the observation before the reset. See the module docstring for the design.
+    """
+
+    def __init__(
+        self,
+        env_id_or_factory: str | Callable[..., gym.Env],
+        num_envs: int,
+        num_workers: int = 2,
+        device: str | torch.device = "cpu",
+        env_kwargs: dict[str, Any] | None = None,
+        start_method: str = "forkserver",
+    ) -> None:
+        if num_envs < 1 or num_workers < 1:
+            raise EnvError(f"num_envs ({num_envs}) and num_workers ({num_workers}) must be at least 1")
+        if start_method not in ("forkserver", "spawn"):
+            raise EnvError(f"start_method {start_method!r} is not supported: use 'forkserver' or 'spawn' "
+                           "('fork' is unsafe once threads or CUDA are running)")
+        self.device = torch.device(device)
+        self.num_envs = num_envs
+        self._workers = _Workers()
+        self._finalizer = weakref.finalize(self, self._workers.close)
+        if isinstance(env_id_or_factory, str):
+            _gym_factory(env_id_or_factory, env_kwargs or {})  # raises EnvError for an unknown id
+            factory: Callable[[], gym.Env] = functools.partial(gym.make, env_id_or_factory, **(env_kwargs or {}))
+            label = env_id_or_factory.replace("/", "-")
+        elif callable(env_id_or_factory):
+            factory = functools.partial(env_id_or_factory, **(env_kwargs or {}))
+            label = getattr(env_id_or_factory, "__name__", type(env_id_or_factory).__name__)
+        else:
+            raise EnvError(f"cannot build envs from {type(env_id_or_factory).__name__}: pass a Gymnasium id or a "
+                           "factory returning a gym.Env")
+        try:
+            self._start(factory, label, min(num_workers, num_envs), start_method)
+        except BaseException:
+            self.close()
+            raise
+
+    # -- construction -------------------------------------------------------------------------------------------
+
+    def _start(self, factory: Callable[[], gym.Env], label: str, num_workers: int, start_method: str) -> None:
+        ctx = mp.get_context(start_method)
+        if start_method == "forkserver":  # workers fork from a server that has imported this module (and torch)
+            ctx.set_forkserver_preload(["__main__", "jaderl.envs.subproc"])  # "__main__" is the default
+        bounds = np.linspace(0, self.num_envs, num_workers + 1).round().astype(int)
+        self._slices = [(int(a), int(b)) for a, b in itertools.pairwise(bounds)]
+        self._names = [f"jaderl-{label}-worker{k}" for k in range(num_workers)]
+        workers = self._workers
+        for name, (start, stop) in zip(self._names, self._slices, strict=True):
+            parent_conn, child_conn = ctx.Pipe(duplex=True)
+            process = ctx.Process(target=_worker, args=(child_conn, factory, start, stop), name=name, daemon=True)
+            try:
+                process.start()
+            except (pickle.PicklingError, AttributeError, TypeError) as exc:
+                parent_conn.close()
+                child_conn.close()
+                raise EnvError(f"cannot send the env factory to the workers ({exc}); with start method "
+                               f"{start_method!r} it must be picklable: a module-level function or a "
+                               "functools.partial, not a lambda or a local function") from None
+            child_conn.close()  # so the parent sees EOF when the worker dies
+            workers.processes.append(process)
+            workers.conns.append(parent_conn)
+        self._poller = select.poll()  # reused every step: cheaper than multiprocessing.connection.wait
+        self._fds = {conn.fileno(): k for k, conn in enumerate(workers.conns)}
+        for fd in self._fds:
+            self._poller.register(fd, select.POLLIN)
+        spaces = self._gather(setup=True)
+        obs_space, act_space, max_steps = spaces[0]
+        for k, other in enumerate(spaces[1:], 1):
+            if other[0] != obs_space or other[1] != act_space:
+                raise EnvError(f"worker {self._names[k]}'s envs have spaces {other[0]}, {other[1]} but worker "
+                               f"{self._names[0]}'s have {obs_space}, {act_space}: all sub-envs must match")
+        if not isinstance(obs_space, gym.spaces.Box):
+            raise EnvError(f"observation space {obs_space} is not supported: jaderl needs a Box observation space")
+        self.obs_shape = tuple(obs_space.shape)
+        self._obs_dtype = torch.uint8 if obs_space.dtype == np.uint8 else torch.float32
+        if isinstance(act_space, gym.spaces.Discrete):
+            self.is_discrete, self.action_dim = True, int(act_space.n)
+            self._low = self._high = None
+            act_shape, act_dtype = (), np.dtype(np.int64)
+        elif isinstance(act_space, gym.spaces.Box) and len(act_space.shape) == 1:
+            if not (np.isfinite(act_space.low).all() and np.isfinite(act_space.high).all()):
+                raise EnvError(f"action space {act_space} is unbounded: jaderl rescales actions from [-1, 1]")
+            self.is_discrete, self.action_dim = False, int(act_space.shape[0])
+            self._low, self._high = act_space.low.astype(np.float64), act_space.high.astype(np.float64)
+            act_shape, act_dtype = (self.action_dim,), np.dtype(act_space.dtype)
+        else:
+            raise EnvError(f"action space {act_space} is not supported: use Discrete or a 1-D Box")
+        self.max_steps = max_steps
+        layout, size = _layout(self.num_envs, self.obs_shape, np.dtype(obs_space.dtype), act_shape, act_dtype)
+        workers.shm = shared_memory.SharedMemory(create=True, size=size)
+        workers.views = _views(workers.shm.buf, layout)
+        for conn in workers.conns:
+            conn.send((workers.shm.name, layout))
+        self._gather()
+
+    # -- talking to the workers ---------------------------------------------------------------------------------
+
+    def _gather(self, setup: bool = False) -> list[Any]:
+        """Wait for one answer from every worker; raise :class:`EnvError` naming the first that failed or died.
+
+        Answers are one-byte signals, except the first after start-up (``setup``): a pickled (spaces, max_steps)
+        tuple.
+        """
+        workers = self._workers
+        if not workers.conns:
+            raise EnvError("the env is closed")
+        answers: list[Any] = [None] * len(workers.conns)
+        pending = set(range(len(workers.conns)))
+        try:
+            while pending:
+                events = self._poller.poll(_POLL_S * 1000)
+                for fd, _ in events:
+                    k = self._fds[fd]
+                    if k not in pending:
+                        continue
+                    pending.discard(k)
+                    conn = workers.conns[k]
+                    try:
+                        message = conn.recv_bytes() if setup else os.read(fd, 1)
+                        if message[:1] == _ERROR:
+                            error = message[1:] if setup else conn.recv_bytes()
+                            raise EnvError(f"worker {self._names[k]} failed: {error.decode(errors='replace')}")
+                    except (EOFError, OSError):
+                        message = b""
+                    if not message:  # end of file: the worker is gone
+                        raise EnvError(self._death(k))
+                    answers[k] = pickle.loads(message) if setup else message
+                if not events:
+                    for k in sorted(pending):
+                        if not workers.processes[k].is_alive():
+                            raise EnvError(self._death(k))
+        except BaseException:  # an error, or Ctrl-C mid-step: the workers are out of step with us, so stop them
+            self.close()
+            raise
+        return answers
+
+    def _death(self, k: int) -> str:
+        process = self._workers.processes[k]
+        process.join(timeout=1.0)
+        code = process.exitcode
+        how = "is still running" if code is None else (
+            f"was killed by signal {-code}" if code < 0 else f"exited with code {code}")
+        return f"worker {self._names[k]} failed: it died ({how}) without reporting an error"
+
+    def _broadcast(self, message: bytes) -> None:
+        for k, conn in enumerate(self._workers.conns):
+            try:
+                os.write(conn.fileno(), message)
+            except (OSError, ValueError):
+                message = self._death(k)
+                self.close()
+                raise EnvError(message) from None
+
+    # -- the contract --------------------------------------------------------------------------------------------
+
+    def _tensor(self, array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+        # copy=True: the shared buffers are overwritten by the next step
+        return torch.from_numpy(array).to(device=self.device, dtype=dtype, copy=True)
+
+    def reset(self, seed: int | None = None) -> torch.Tensor:
+        if not self._workers.conns:
+            raise EnvError("the env is closed")
+        if seed is not None:
+            self._workers.views["seed"][0] = int(seed)
+        self._broadcast(_RESET if seed is None else _RESET_SEEDED)
+        self._gather()
+        obs = self._workers.views["obs"]
+        _check_finite("observation", obs)
+        return self._tensor(obs, self._obs_dtype)
+
+    def step(self, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, dict]:
+        views = self._workers.views
+        if not views:
+            raise EnvError("the env is closed")
+        act = action.detach().cpu().numpy()
+        if self.is_discrete:
+            views["action"][:] = act.astype(np.int64).reshape(self.num_envs)
+        else:
+            act = self._low + (np.clip(act, -1.0, 1.0) + 1.0) * 0.5 * (self._high - self._low)
+            views["action"][:] = act
+        self._broadcast(_STEP)
+        self._gather()
+        obs, final_obs, reward = views["obs"], views["final_obs"], views["reward"]
+        _check_finite("observation", obs)
+        _check_finite("reward", reward)
+        done = views["terminated"] | views["truncated"]
+        if done.any():
+            _check_finite("observation", final_obs[done])
+        info = {"final_obs": self._tensor(final_obs, self._obs_dtype)}
+        return (
+            self._tensor(obs, self._obs_dtype),
+            self._tensor(reward, torch.float32),
+            self._tensor(views["terminated"], torch.bool),
+            self._tensor(views["truncated"], torch.bool),
+            info,
+        )
+
+    @property
+    def worker_pids(self) -> list[int]:
+        """Process ids of the live workers (empty once closed)."""
+        return [p.pid for p in self._workers.processes if p.pid is not None]
+
+    @property
+    def worker_names(self) -> list[str]:
+        return list(self._names)
+
+    def close(self) -> None:
+        self._finalizer()

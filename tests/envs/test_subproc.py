@@ -1,0 +1,236 @@
+"""Tests of jaderl.envs.subproc.SubprocVecEnv: multi-process stepping through shared memory.
+
+Every test checks (fixture ``no_leftover_processes``) that it leaves no process behind: after it, this process has
+no descendant it did not have before, except multiprocessing's own forkserver and resource tracker (which live as
+long as this process), and no zombie.
+"""
+
+from __future__ import annotations
+
+import gc
+import multiprocessing as mp
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from jaderl.envs import make_env
+from jaderl.envs.subproc import SubprocVecEnv
+from jaderl.envs.vec import EnvError, GymnasiumVecEnv
+
+BOX_LOW, BOX_HIGH = np.array([-2.0, 0.0, 5.0], np.float32), np.array([2.0, 10.0, 6.0], np.float32)
+
+
+class EchoEnv(gym.Env):
+    """Observes the action it was last given (``[a, 0, 0]`` when discrete); never finishes.
+
+    ``bad_seed``: raise in ``step`` when reset with that seed. ``sleep``: seconds each ``step`` takes."""
+
+    def __init__(self, box: bool = True, bad_seed: int | None = None, sleep: float = 0.0) -> None:
+        self.observation_space = gym.spaces.Box(-np.inf, np.inf, (3,), np.float32)
+        self.action_space = gym.spaces.Box(BOX_LOW, BOX_HIGH, dtype=np.float32) if box else gym.spaces.Discrete(4)
+        self.bad_seed, self.sleep, self.seed_used = bad_seed, sleep, None
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, dict]:
+        super().reset(seed=seed)
+        self.seed_used = seed
+        return np.zeros(3, np.float32), {}
+
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict]:
+        if self.bad_seed is not None and self.seed_used == self.bad_seed:
+            raise RuntimeError(f"boom from the env seeded {self.seed_used}")
+        if self.sleep:
+            time.sleep(self.sleep)
+        if self.action_space.shape:
+            assert action.dtype == np.float32
+            return np.asarray(action, np.float32), 0.0, False, False, {}
+        return np.array([action, 0, 0], np.float32), 0.0, False, False, {}
+
+
+def _descendants() -> dict[int, tuple[str, str]]:
+    """All descendants of this process: pid -> (state, command line), read from /proc."""
+    parents, info = {}, {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        parents[int(entry.name)] = int(fields[1])
+        info[int(entry.name)] = (fields[0], cmdline)
+    found, frontier = {}, [os.getpid()]
+    while frontier:
+        parent = frontier.pop()
+        for pid, ppid in parents.items():
+            if ppid == parent and pid not in found:
+                found[pid] = info[pid]
+                frontier.append(pid)
+    return found
+
+
+def _is_infrastructure(cmdline: str) -> bool:
+    return "multiprocessing.forkserver" in cmdline or "multiprocessing.resource_tracker" in cmdline
+
+
+@pytest.fixture(autouse=True)
+def no_leftover_processes() -> Iterator[None]:
+    before = set(_descendants())
+    yield
+    gc.collect()
+    after = _descendants()
+    left = {pid: cmd for pid, (_, cmd) in after.items() if pid not in before and not _is_infrastructure(cmd)}
+    zombies = {pid: cmd for pid, (state, cmd) in after.items() if state == "Z"}
+    assert not left, f"processes left behind: {left}"
+    assert not zombies, f"zombie processes: {zombies}"
+    assert not [p for p in mp.active_children() if p.name.startswith("jaderl-")]
+
+
+def _gone(pids: list[int], timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not any(Path(f"/proc/{pid}").exists() for pid in pids):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.mark.parametrize(("env_id", "start_method"), [("CartPole-v1", "forkserver"), ("Pendulum-v1", "spawn")])
+def test_matches_gymnasium_adapter(env_id: str, start_method: str) -> None:
+    sub = SubprocVecEnv(env_id, num_envs=4, num_workers=2, start_method=start_method)
+    ref = GymnasiumVecEnv(env_id, num_envs=4)
+    try:
+        assert (sub.num_envs, sub.obs_shape, sub.is_discrete, sub.action_dim, sub.max_steps) == \
+            (ref.num_envs, ref.obs_shape, ref.is_discrete, ref.action_dim, ref.max_steps)
+        assert torch.equal(sub.reset(seed=7), ref.reset(seed=7))
+        generator = torch.Generator().manual_seed(0)
+        finished = 0
+        for i in range(260):
+            if sub.is_discrete:
+                action = torch.randint(0, sub.action_dim, (4,), generator=generator)
+            else:
+                action = torch.rand(4, sub.action_dim, generator=generator) * 2.4 - 1.2  # some out of [-1, 1]
+            *got, got_info = sub.step(action)
+            *want, want_info = ref.step(action)
+            for name, a, b in zip(["obs", "reward", "terminated", "truncated"], got, want, strict=True):
+                assert a.dtype == b.dtype and a.device == b.device, name
+                assert torch.equal(a, b), f"{name} differs at step {i}"
+            assert torch.equal(got_info["final_obs"], want_info["final_obs"]), f"final_obs differs at step {i}"
+            finished += int((want[2] | want[3]).sum())
+        assert finished > 0  # CartPole terminates under random actions, Pendulum is truncated at 200 steps
+    finally:
+        sub.close()
+        ref.close()
+
+
+def test_box_rescaling_discrete_actions_and_uneven_slices() -> None:
+    box = SubprocVecEnv(EchoEnv, num_envs=3, num_workers=2)  # slices of 1 and 2 envs
+    discrete = SubprocVecEnv(EchoEnv, num_envs=3, num_workers=2, env_kwargs={"box": False})
+    try:
+        assert (box.is_discrete, box.action_dim, box.max_steps) == (False, 3, 0)
+        assert (discrete.is_discrete, discrete.action_dim) == (True, 4)
+        box.reset()
+        action = torch.tensor([[-1.0, -1.0, -1.0], [0.0, 0.5, -0.5], [-7.0, 3.0, 1.5]])
+        obs, *_ = box.step(action)
+        expected = torch.tensor([[-2.0, 0.0, 5.0], [0.0, 7.5, 5.25], [-2.0, 10.0, 6.0]])
+        torch.testing.assert_close(obs, expected, rtol=1e-6, atol=0)
+        discrete.reset()
+        obs, *_ = discrete.step(torch.tensor([3, 0, 2]))
+        assert obs[:, 0].tolist() == [3.0, 0.0, 2.0]
+    finally:
+        box.close()
+        discrete.close()
+
+
+def test_raising_worker_is_reported_by_name() -> None:
+    env = SubprocVecEnv(EchoEnv, num_envs=4, num_workers=2, env_kwargs={"bad_seed": 13})
+    pids = env.worker_pids
+    env.reset(seed=10)  # sub-env 3 (in worker 1) gets seed 13
+    start = time.monotonic()
+    with pytest.raises(EnvError) as info:
+        env.step(torch.zeros(4, 3))
+    assert time.monotonic() - start < 10
+    message = str(info.value)
+    assert message == "worker jaderl-EchoEnv-worker1 failed: env 3: RuntimeError: boom from the env seeded 13"
+    assert _gone(pids) and env.worker_pids == []  # a failure closes the env
+    with pytest.raises(EnvError, match="closed"):
+        env.step(torch.zeros(4, 3))
+
+
+@pytest.mark.parametrize("when", ["while stepping", "between steps"])
+def test_killed_worker_is_detected(when: str) -> None:
+    sleep = 30.0 if when == "while stepping" else 0.0
+    env = SubprocVecEnv(EchoEnv, num_envs=4, num_workers=2, env_kwargs={"sleep": sleep})
+    pids = env.worker_pids
+    env.reset()
+    if when == "while stepping":
+        killer = threading.Timer(0.5, os.kill, (pids[0], signal.SIGKILL))
+        killer.start()
+    else:
+        os.kill(pids[0], signal.SIGKILL)
+        assert _gone(pids[:1])
+    start = time.monotonic()
+    try:
+        with pytest.raises(EnvError, match=r"^worker jaderl-EchoEnv-worker0 failed: ") as info:
+            env.step(torch.zeros(4, 3))
+    finally:
+        if when == "while stepping":
+            killer.join()
+    assert time.monotonic() - start < 10
+    assert "killed by signal 9" in str(info.value)
+    assert _gone(pids)
+
+
+@pytest.mark.parametrize("how", ["close", "garbage collection"])
+def test_no_process_left_behind(how: str) -> None:
+    env = SubprocVecEnv("CartPole-v1", num_envs=2, num_workers=2)
+    pids = env.worker_pids
+    assert len(pids) == 2 and all(pid in _descendants() for pid in pids)
+    env.reset(seed=0)
+    env.step(torch.zeros(2, dtype=torch.int64))
+    if how == "close":
+        env.close()
+        env.close()  # closing twice is fine
+        with pytest.raises(EnvError, match="closed"):
+            env.reset()
+    else:
+        del env
+        gc.collect()
+    assert not [p for p in mp.active_children() if p.pid in pids]
+    assert _gone(pids, timeout=1.0)
+    assert not set(pids) & set(_descendants())
+
+
+def test_make_env_with_workers() -> None:
+    env = make_env("CartPole-v1", 3, workers=2)
+    try:
+        assert isinstance(env, SubprocVecEnv) and env.max_steps == 500
+        obs = env.reset(seed=0)
+        assert obs.shape == (3, 4) and obs.dtype == torch.float32
+        obs, reward, terminated, truncated, info = env.step(torch.zeros(3, dtype=torch.int64))
+        assert obs.shape == info["final_obs"].shape == (3, 4)
+        assert reward.shape == terminated.shape == truncated.shape == (3,)
+        assert reward.dtype == torch.float32 and terminated.dtype == truncated.dtype == torch.bool
+    finally:
+        env.close()
+
+
+def test_bad_arguments_start_no_process() -> None:
+    with pytest.raises(EnvError, match="unknown env 'NoSuchEnv-v0'"):
+        SubprocVecEnv("NoSuchEnv-v0", 2, 2)
+    with pytest.raises(EnvError, match="picklable"):
+        SubprocVecEnv(lambda: EchoEnv(), 2, 2)
+    with pytest.raises(EnvError, match=r"^worker jaderl-EchoEnv-worker0 failed: env 0: TypeError: .*'colour'"):
+        SubprocVecEnv(EchoEnv, 2, 1, env_kwargs={"colour": "red"})  # the env cannot be built
+    with pytest.raises(EnvError, match="fork"):
+        SubprocVecEnv("CartPole-v1", 2, 2, start_method="fork")
