@@ -42,6 +42,8 @@ class Config:
     env: str = param("jaderl/Pendulum-v1", "env id: a built-in torch env (`jaderl envs`) or any Gymnasium id")
     seed: int = param(0, "seed of torch, the envs and the evaluator", low=0)
     num_envs: int = param(1, "sub-envs stepped in one batch", low=1)
+    env_workers: int = param(0, "processes stepping a Gymnasium env's sub-envs through shared memory (0: in this "
+                             "process; torch-native envs ignore it)", low=0)
     horizon: int = param(1, "steps each sub-env takes per explore() call", low=1)
     total_steps: int = param(100_000, "stop after this many env steps (all sub-envs counted)", low=1)
     target_return: float | None = param(None, "stop once an evaluation's mean return reaches this")
@@ -70,6 +72,9 @@ class Config:
 
     def validate(self) -> None:
         """Cross-field checks; subclasses extend it (call super)."""
+        if self.env_workers > self.num_envs:
+            raise ConfigError(f"env_workers={self.env_workers} is more than num_envs={self.num_envs}; "
+                              "each worker needs at least one sub-env")
         if not self.hidden or any(h < 1 for h in self.hidden):
             raise ConfigError(f"hidden={self.hidden} is invalid: give one or more positive layer sizes")
         if self.device != "auto" and not (self.device in ("cpu", "cuda") or self.device.startswith("cuda:")):

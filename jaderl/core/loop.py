@@ -70,7 +70,7 @@ def train(config: Config, agent_cls: type[Agent], resume: bool = False,
     torch.set_num_threads(config.num_threads)
     device = resolve_device(config.device)
     torch.manual_seed(config.seed)
-    env = make_env(config.env, config.num_envs, device, seed=config.seed)
+    env = make_env(config.env, config.num_envs, device, seed=config.seed, workers=config.env_workers)
     kind = "discrete" if env.is_discrete else "continuous"
     if not (agent_cls.discrete if env.is_discrete else agent_cls.continuous):
         env.close()

@@ -72,7 +72,7 @@ def test_missing_ale_py_says_what_to_install(monkeypatch: pytest.MonkeyPatch) ->
 def _short_pong(monkeypatch: pytest.MonkeyPatch, max_episode_steps: int) -> None:
     """Make the training loop build Pong with short episodes, so that an evaluation takes seconds, not minutes."""
 
-    def short(name: str, num_envs: int, device: Any = "cpu", seed: int | None = None) -> VecEnv:
+    def short(name: str, num_envs: int, device: Any = "cpu", seed: int | None = None, workers: int = 0) -> VecEnv:
         return make_atari_env(name, num_envs, device, max_episode_steps=max_episode_steps)
 
     monkeypatch.setattr(loop, "make_env", short)

@@ -22,6 +22,9 @@ import numpy as np
 import pytest
 import torch
 
+import jaderl
+from jaderl.api import make_config
+from jaderl.core.config import ConfigError
 from jaderl.envs import make_env
 from jaderl.envs.subproc import SubprocVecEnv
 from jaderl.envs.vec import EnvError, GymnasiumVecEnv
@@ -234,3 +237,16 @@ def test_bad_arguments_start_no_process() -> None:
         SubprocVecEnv(EchoEnv, 2, 1, env_kwargs={"colour": "red"})  # the env cannot be built
     with pytest.raises(EnvError, match="fork"):
         SubprocVecEnv("CartPole-v1", 2, 2, start_method="fork")
+
+
+def test_training_steps_a_gymnasium_env_in_worker_processes(tmp_path) -> None:
+    result = jaderl.train("ppo", "CartPole-v1", env_workers=2, num_envs=4, horizon=32, minibatch_size=64,
+                          num_epochs=1, hidden=[16], total_steps=256, eval_every=256, eval_episodes=2,
+                          run_dir=str(tmp_path / "run"), device="cpu")
+    assert result.steps == 256
+    assert not mp.active_children()  # the loop closed the env and its workers
+
+
+def test_more_workers_than_envs_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="env_workers=3 is more than num_envs=2"):
+        make_config("ppo", "CartPole-v1", env_workers=3, num_envs=2)
