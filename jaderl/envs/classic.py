@@ -203,22 +203,10 @@ class PendulumEnv(_TorchClassicEnv):
     max_speed = 8.0
     max_torque = 2.0
 
-    def __init__(
-        self,
-        num_envs: int = 1,
-        device: str | torch.device = "cpu",
-        dtype: torch.dtype = torch.float32,
-        seed: int | None = None,
-    ) -> None:
-        """Build ``num_envs`` pendulums on ``device``; the state and observations use ``dtype``.
-
-        ``seed`` seeds the env's ``torch.Generator`` (a random seed when ``None``).
-        """
-        self.obs_shape = (3,)
-        self.is_discrete = False
-        self.action_dim = 1
-        self.max_steps = 200
-        super().__init__(num_envs, device, dtype, seed)
+    obs_shape = (3,)
+    is_discrete = False
+    action_dim = 1
+    max_steps = 200
 
     def _observe(self) -> torch.Tensor:
         th, thdot = self._state
@@ -268,6 +256,11 @@ class CartPoleEnv(_TorchClassicEnv):
     theta_threshold_radians = 12 * 2 * math.pi / 360
     x_threshold = 2.4
 
+    obs_shape = (4,)
+    is_discrete = True
+    action_dim = 2
+    max_steps = 500
+
     def __init__(
         self,
         num_envs: int = 1,
@@ -279,10 +272,6 @@ class CartPoleEnv(_TorchClassicEnv):
 
         ``seed`` seeds the env's ``torch.Generator`` (a random seed when ``None``).
         """
-        self.obs_shape = (4,)
-        self.is_discrete = True
-        self.action_dim = 2
-        self.max_steps = 500
         super().__init__(num_envs, device, dtype, seed)
         self._force_pos = torch.tensor(self.force_mag, dtype=dtype, device=self.device)
         self._force_neg = torch.tensor(-self.force_mag, dtype=dtype, device=self.device)
@@ -370,6 +359,11 @@ class AcrobotEnv(_TorchClassicEnv):
     max_vel_2 = 9 * math.pi
     g = 9.8
 
+    obs_shape = (6,)
+    is_discrete = True
+    action_dim = 3
+    max_steps = 500
+
     def __init__(
         self,
         num_envs: int = 1,
@@ -381,10 +375,6 @@ class AcrobotEnv(_TorchClassicEnv):
 
         ``seed`` seeds the env's ``torch.Generator`` (a random seed when ``None``).
         """
-        self.obs_shape = (6,)
-        self.is_discrete = True
-        self.action_dim = 3
-        self.max_steps = 500
         super().__init__(num_envs, device, dtype, seed)
         # Gymnasium's constant sub-expressions of _dsdt, evaluated in its order (Python floats, left to right)
         m1, m2, l1 = self.link_mass_1, self.link_mass_2, self.link_length_1
@@ -520,22 +510,10 @@ class MountainCarEnv(_MountainCarBase):
     force = 0.001
     gravity = 0.0025
 
-    def __init__(
-        self,
-        num_envs: int = 1,
-        device: str | torch.device = "cpu",
-        dtype: torch.dtype = torch.float32,
-        seed: int | None = None,
-    ) -> None:
-        """Build ``num_envs`` mountain cars on ``device``; the state and observations use ``dtype``.
-
-        ``seed`` seeds the env's ``torch.Generator`` (a random seed when ``None``).
-        """
-        self.obs_shape = (2,)
-        self.is_discrete = True
-        self.action_dim = 3
-        self.max_steps = 200
-        super().__init__(num_envs, device, dtype, seed)
+    obs_shape = (2,)
+    is_discrete = True
+    action_dim = 3
+    max_steps = 200
 
     def step(self, action: torch.Tensor) -> StepResult:
         """Advance every car one step (see the class docstring for what matches Gymnasium)."""
@@ -569,22 +547,10 @@ class MountainCarContinuousEnv(_MountainCarBase):
     goal_position = 0.45
     power = 0.0015
 
-    def __init__(
-        self,
-        num_envs: int = 1,
-        device: str | torch.device = "cpu",
-        dtype: torch.dtype = torch.float32,
-        seed: int | None = None,
-    ) -> None:
-        """Build ``num_envs`` continuous mountain cars on ``device``; the state and observations use ``dtype``.
-
-        ``seed`` seeds the env's ``torch.Generator`` (a random seed when ``None``).
-        """
-        self.obs_shape = (2,)
-        self.is_discrete = False
-        self.action_dim = 1
-        self.max_steps = 999
-        super().__init__(num_envs, device, dtype, seed)
+    obs_shape = (2,)
+    is_discrete = False
+    action_dim = 1
+    max_steps = 999
 
     def step(self, action: torch.Tensor) -> StepResult:
         """Advance every car one step (see the class docstring for what matches Gymnasium)."""
