@@ -36,7 +36,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from jaderl.envs.vec import EnvError, VecEnv, _gym_factory
+from jaderl.envs.vec import EnvError, GymnasiumSpaces, _gym_factory, check_finite
 
 _STEP, _RESET, _RESET_SEEDED, _CLOSE, _OK, _ERROR = b"s", b"r", b"R", b"c", b"k", b"e"
 """One-byte signals written straight to the pipes' file descriptors once the worker is set up: one system call
@@ -178,12 +178,7 @@ class _Workers:
             self.shm = None
 
 
-def _check_finite(name: str, array: np.ndarray) -> None:
-    if array.dtype != np.uint8 and not np.isfinite(array).all():
-        raise EnvError(f"the env returned a non-finite {name}; fix the env or wrap it to clip or reset")
-
-
-class SubprocVecEnv(VecEnv):
+class SubprocVecEnv(GymnasiumSpaces):
     """``num_envs`` copies of a Gymnasium env stepped by ``num_workers`` processes through shared memory.
 
     ``env_id_or_factory`` is a Gymnasium id or a picklable callable (a module-level function or a
@@ -261,22 +256,8 @@ class SubprocVecEnv(VecEnv):
             if other[0] != obs_space or other[1] != act_space:
                 raise EnvError(f"worker {self._names[k]}'s envs have spaces {other[0]}, {other[1]} but worker "
                                f"{self._names[0]}'s have {obs_space}, {act_space}: all sub-envs must match")
-        if not isinstance(obs_space, gym.spaces.Box):
-            raise EnvError(f"observation space {obs_space} is not supported: jaderl needs a Box observation space")
-        self.obs_shape = tuple(obs_space.shape)
-        self._obs_dtype = torch.uint8 if obs_space.dtype == np.uint8 else torch.float32
-        if isinstance(act_space, gym.spaces.Discrete):
-            self.is_discrete, self.action_dim = True, int(act_space.n)
-            self._low = self._high = None
-            act_shape, act_dtype = (), np.dtype(np.int64)
-        elif isinstance(act_space, gym.spaces.Box) and len(act_space.shape) == 1:
-            if not (np.isfinite(act_space.low).all() and np.isfinite(act_space.high).all()):
-                raise EnvError(f"action space {act_space} is unbounded: jaderl rescales actions from [-1, 1]")
-            self.is_discrete, self.action_dim = False, int(act_space.shape[0])
-            self._low, self._high = act_space.low.astype(np.float64), act_space.high.astype(np.float64)
-            act_shape, act_dtype = (self.action_dim,), np.dtype(act_space.dtype)
-        else:
-            raise EnvError(f"action space {act_space} is not supported: use Discrete or a 1-D Box")
+        self._read_spaces(obs_space, act_space)
+        act_shape, act_dtype = ((), np.dtype(np.int64)) if self.is_discrete else ((self.action_dim,), act_space.dtype)
         self.max_steps = max_steps
         layout, size = _layout(self.num_envs, self.obs_shape, np.dtype(obs_space.dtype), act_shape, act_dtype)
         workers.shm = shared_memory.SharedMemory(create=True, size=size)
@@ -357,27 +338,22 @@ class SubprocVecEnv(VecEnv):
         self._broadcast(_RESET if seed is None else _RESET_SEEDED)
         self._gather()
         obs = self._workers.views["obs"]
-        _check_finite("observation", obs)
+        check_finite("observation", obs)
         return self._tensor(obs, self._obs_dtype)
 
     def step(self, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, dict]:
         views = self._workers.views
         if not views:
             raise EnvError("the env is closed")
-        act = action.detach().cpu().numpy()
-        if self.is_discrete:
-            views["action"][:] = act.astype(np.int64).reshape(self.num_envs)
-        else:
-            act = self._low + (np.clip(act, -1.0, 1.0) + 1.0) * 0.5 * (self._high - self._low)
-            views["action"][:] = act
+        views["action"][:] = self._env_actions(action)
         self._broadcast(_STEP)
         self._gather()
         obs, final_obs, reward = views["obs"], views["final_obs"], views["reward"]
-        _check_finite("observation", obs)
-        _check_finite("reward", reward)
+        check_finite("observation", obs)
+        check_finite("reward", reward)
         done = views["terminated"] | views["truncated"]
         if done.any():
-            _check_finite("observation", final_obs[done])
+            check_finite("observation", final_obs[done])
         info = {"final_obs": self._tensor(final_obs, self._obs_dtype)}
         return (
             self._tensor(obs, self._obs_dtype),

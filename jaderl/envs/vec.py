@@ -49,7 +49,45 @@ class VecEnv:
         """Release processes or files held by the env (nothing for torch-native envs)."""
 
 
-class GymnasiumVecEnv(VecEnv):
+def check_finite(name: str, array: np.ndarray) -> None:
+    """One-sentence EnvError when an env returned NaN or infinity (uint8 images cannot hold either)."""
+    if array.dtype != np.uint8 and not np.isfinite(array).all():
+        raise EnvError(f"the env returned a non-finite {name}; fix the env or wrap it to clip or reset")
+
+
+class GymnasiumSpaces(VecEnv):
+    """What every adapter of Gymnasium envs shares: reading their spaces and turning jaderl actions into theirs."""
+
+    _obs_dtype: torch.dtype
+    _low: np.ndarray | None
+    _high: np.ndarray | None
+
+    def _read_spaces(self, obs_space: gym.Space, act_space: gym.Space) -> None:
+        """Set ``obs_shape``, ``is_discrete``, ``action_dim`` and the action bounds, or say what is unsupported."""
+        if not isinstance(obs_space, gym.spaces.Box):
+            raise EnvError(f"observation space {obs_space} is not supported: jaderl needs a Box observation space")
+        self.obs_shape = tuple(obs_space.shape)
+        self._obs_dtype = torch.uint8 if obs_space.dtype == np.uint8 else torch.float32
+        if isinstance(act_space, gym.spaces.Discrete):
+            self.is_discrete, self.action_dim = True, int(act_space.n)
+            self._low = self._high = None
+        elif isinstance(act_space, gym.spaces.Box) and len(act_space.shape) == 1:
+            if not (np.isfinite(act_space.low).all() and np.isfinite(act_space.high).all()):
+                raise EnvError(f"action space {act_space} is unbounded: jaderl rescales actions from [-1, 1]")
+            self.is_discrete, self.action_dim = False, int(act_space.shape[0])
+            self._low, self._high = act_space.low.astype(np.float64), act_space.high.astype(np.float64)
+        else:
+            raise EnvError(f"action space {act_space} is not supported: use Discrete or a 1-D Box")
+
+    def _env_actions(self, action: torch.Tensor) -> np.ndarray:
+        """Integer actions (N,) as they are; Box actions clipped to [-1, 1] and rescaled to the space's bounds."""
+        act = action.detach().cpu().numpy()
+        if self.is_discrete:
+            return act.astype(np.int64).reshape(self.num_envs)
+        return self._low + (np.clip(act, -1.0, 1.0) + 1.0) * 0.5 * (self._high - self._low)
+
+
+class GymnasiumVecEnv(GymnasiumSpaces):
     """Adapts a Gymnasium env id, env instance, or vector env (sync or async) to the jaderl contract.
 
     Box actions are rescaled from ``[-1, 1]`` to the env's bounds; observations and rewards become float32 tensors
@@ -84,20 +122,7 @@ class GymnasiumVecEnv(VecEnv):
         self.env = env
         self.num_envs = env.num_envs
         obs_space, act_space = env.single_observation_space, env.single_action_space
-        if not isinstance(obs_space, gym.spaces.Box):
-            raise EnvError(f"observation space {obs_space} is not supported: jaderl needs a Box observation space")
-        self.obs_shape = tuple(obs_space.shape)
-        self._obs_dtype = torch.uint8 if obs_space.dtype == np.uint8 else torch.float32
-        if isinstance(act_space, gym.spaces.Discrete):
-            self.is_discrete, self.action_dim = True, int(act_space.n)
-            self._low = self._high = None
-        elif isinstance(act_space, gym.spaces.Box) and len(act_space.shape) == 1:
-            if not (np.isfinite(act_space.low).all() and np.isfinite(act_space.high).all()):
-                raise EnvError(f"action space {act_space} is unbounded: jaderl rescales actions from [-1, 1]")
-            self.is_discrete, self.action_dim = False, int(act_space.shape[0])
-            self._low, self._high = act_space.low.astype(np.float64), act_space.high.astype(np.float64)
-        else:
-            raise EnvError(f"action space {act_space} is not supported: use Discrete or a 1-D Box")
+        self._read_spaces(obs_space, act_space)
         base = env.unwrapped  # a vector env built directly has no spec of its own: use its first sub-env's
         spec = base.spec or (base.get_attr("spec")[0] if hasattr(base, "get_attr") else None)
         limit = getattr(spec, "max_episode_steps", None) if spec is not None else None
@@ -106,30 +131,21 @@ class GymnasiumVecEnv(VecEnv):
     def _tensor(self, array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
         return torch.as_tensor(np.asarray(array), device=self.device).to(dtype)
 
-    def _check_finite(self, name: str, array: np.ndarray) -> None:
-        if array.dtype != np.uint8 and not np.isfinite(array).all():
-            raise EnvError(f"the env returned a non-finite {name}; fix the env or wrap it to clip or reset")
-
     def reset(self, seed: int | None = None) -> torch.Tensor:
         obs, _ = self.env.reset(seed=seed)
-        self._check_finite("observation", obs)
+        check_finite("observation", obs)
         return self._tensor(obs, self._obs_dtype)
 
     def step(self, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, dict]:
-        act = action.detach().cpu().numpy()
-        if self.is_discrete:
-            act = act.astype(np.int64).reshape(self.num_envs)
-        else:
-            act = self._low + (np.clip(act, -1.0, 1.0) + 1.0) * 0.5 * (self._high - self._low)
-            act = act.astype(self.env.single_action_space.dtype)
+        act = self._env_actions(action).astype(self.env.single_action_space.dtype)
         obs, reward, terminated, truncated, info = self.env.step(act)
-        self._check_finite("observation", obs)
-        self._check_finite("reward", np.asarray(reward, dtype=np.float64))
+        check_finite("observation", obs)
+        check_finite("reward", np.asarray(reward, dtype=np.float64))
         done = np.logical_or(terminated, truncated)
         final_obs = np.array(obs, copy=True)
         if done.any():
             final_obs[done] = np.stack(info["final_obs"][done])
-            self._check_finite("observation", final_obs)
+            check_finite("observation", final_obs)
         info = {"final_obs": self._tensor(final_obs, self._obs_dtype)}
         return (
             self._tensor(obs, self._obs_dtype),
