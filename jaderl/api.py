@@ -35,8 +35,21 @@ def make_config(algo: str, env: str, **settings: Any) -> Config:
 
 def train(algo: str, env: str, progress: Progress | None = None, **settings: Any) -> TrainResult:
     """Train ``algo`` on ``env`` in this process; ``settings`` are config fields (``total_steps=...``)."""
-    config = make_config(algo, env, **settings)
-    return train_loop(config, ALGOS[algo].agent_cls, progress=progress)
+    return _run(make_config(algo, env, **settings), resume=False, progress=progress)
+
+
+def _run(config: Config, resume: bool, progress: Progress | None) -> TrainResult:
+    """Pick the trainer: explorer/learner/evaluator processes, data-parallel learners, or one process."""
+    agent_cls = ALGOS[config.algo].agent_cls
+    if config.workers > 0:
+        from jaderl.parallel.pipeline import train_pipeline
+
+        return train_pipeline(config, agent_cls, resume=resume, progress=progress)
+    if config.learners > 1:
+        from jaderl.parallel.ddp import train_ddp
+
+        return train_ddp(config, agent_cls, resume=resume, progress=progress)
+    return train_loop(config, agent_cls, resume=resume, progress=progress)
 
 
 def _saved_config(run_dir: str | Path) -> Config:
@@ -56,7 +69,7 @@ def resume(run_dir: str | Path, /, progress: Progress | None = None, **settings:
             raise ConfigError(f"{key}={settings[key]!r} cannot change when resuming {run_dir}, which trains "
                               f"{config.algo} on {config.env}; start a new run instead")
     config = config.replace(**{**settings, "run_dir": str(run_dir)})
-    return train_loop(config, ALGOS[config.algo].agent_cls, resume=True, progress=progress)
+    return _run(config, resume=True, progress=progress)
 
 
 def load(run_dir: str | Path, best: bool = True, device: str = "cpu") -> Agent:

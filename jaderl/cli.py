@@ -17,7 +17,8 @@ from jaderl.envs.vec import EnvError
 
 # flag -> config field, for the flags that set one
 TRAIN_FLAGS = {"seed": int, "num_envs": int, "total_steps": int, "target_return": float, "time_limit": float,
-               "device": str, "run_dir": str, "eval_every": int, "eval_episodes": int, "checkpoint_every": int}
+               "device": str, "run_dir": str, "eval_every": int, "eval_episodes": int, "checkpoint_every": int,
+               "workers": int, "learners": int}
 
 
 class _Parser(argparse.ArgumentParser):

@@ -61,6 +61,11 @@ class Config:
     eval_episodes: int = param(10, "deterministic episodes per evaluation, run as parallel sub-envs", low=1)
     checkpoint_every: int = param(50_000, "checkpoint every this many env steps", low=1)
     num_threads: int = param(1, "torch CPU threads; 1 is fastest for small networks", low=1)
+    workers: int = param(0, "explorer worker processes feeding one learner, with an evaluator process beside them "
+                         "(0: explore, learn and evaluate in this process)", low=0)
+    learners: int = param(1, "learner processes averaging their gradients with torch.distributed (DDP)", low=1)
+    compile: bool = param(False, "torch.compile the act and update functions (CUDA graphs on GPU); falls back to "
+                          "eager mode where compilation is unavailable")
 
     def __post_init__(self) -> None:
         hints = typing.get_type_hints(type(self))
@@ -75,6 +80,9 @@ class Config:
         if self.env_workers > self.num_envs:
             raise ConfigError(f"env_workers={self.env_workers} is more than num_envs={self.num_envs}; "
                               "each worker needs at least one sub-env")
+        if self.workers > 0 and self.learners > 1:
+            raise ConfigError(f"workers={self.workers} and learners={self.learners} cannot be combined yet; "
+                              "use explorer workers or several learners")
         if not self.hidden or any(h < 1 for h in self.hidden):
             raise ConfigError(f"hidden={self.hidden} is invalid: give one or more positive layer sizes")
         if self.device != "auto" and not (self.device in ("cpu", "cuda") or self.device.startswith("cuda:")):

@@ -49,7 +49,7 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def _prepare_run_dir(config: Config, resume: bool) -> Path:
+def prepare_run_dir(config: Config, resume: bool) -> Path:
     if resume:
         return Path(config.run_dir)
     if not config.run_dir:
@@ -76,7 +76,7 @@ def train(config: Config, agent_cls: type[Agent], resume: bool = False,
         env.close()
         raise ConfigError(f"{config.algo or agent_cls.__name__} does not support the {kind} actions of {config.env}; "
                           "run `jaderl algos` to see which algorithms do")
-    run_dir = _prepare_run_dir(config, resume)
+    run_dir = prepare_run_dir(config, resume)
     agent = agent_cls(config, env, device)
     buffer = agent.make_buffer()
     counters: dict[str, Any] = {"time_s": 0.0, "next_eval": config.eval_every,
