@@ -64,10 +64,10 @@ def _saved_config(run_dir: str | Path) -> Config:
 def resume(run_dir: str | Path, /, progress: Progress | None = None, **settings: Any) -> TrainResult:
     """Continue the run in ``run_dir`` from its last checkpoint; ``settings`` may change budgets (``total_steps``)."""
     config = _saved_config(run_dir)
-    for key in ("algo", "env"):  # a run keeps its algorithm and env: the checkpoint only fits those
+    for key in ("algo", "env", "num_envs", "workers", "learners"):  # the checkpoint only fits these
         if key in settings and settings[key] != getattr(config, key):
-            raise ConfigError(f"{key}={settings[key]!r} cannot change when resuming {run_dir}, which trains "
-                              f"{config.algo} on {config.env}; start a new run instead")
+            raise ConfigError(f"{key}={settings[key]!r} cannot change when resuming {run_dir}, which was started "
+                              f"with {key}={getattr(config, key)!r}; start a new run instead")
     config = config.replace(**{**settings, "run_dir": str(run_dir)})
     return _run(config, resume=True, progress=progress)
 

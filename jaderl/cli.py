@@ -50,6 +50,11 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--episodes", type=int, default=10)
     evaluate.add_argument("--device", default="cpu")
     evaluate.add_argument("--json", action="store_true")
+    backtest = sub.add_parser("backtest", help="backtest the best policy of a jaderl/StockTrading-v0 run against "
+                              "buy-and-hold on the dates after its split")
+    backtest.add_argument("run_dir")
+    backtest.add_argument("--device", default="cpu")
+    backtest.add_argument("--json", action="store_true", help="print the report, with the value on every date, as JSON")
     sub.add_parser("algos", help="list the algorithms")
     sub.add_parser("envs", help="list the built-in envs")
     return parser
@@ -109,6 +114,11 @@ def main(argv: list[str] | None = None) -> int:
             report = api.evaluate(args.run_dir, episodes=args.episodes, device=args.device)
             print(json.dumps(report) if args.json else
                   f"{report['mean']:.2f} +- {report['std']:.2f} over {report['episodes']} episodes")
+        elif args.command == "backtest":
+            from jaderl.envs.stock import backtest
+
+            result = backtest(api.load(args.run_dir, device=args.device))
+            print(json.dumps(result.to_dict()) if args.json else result.format())
         elif args.command == "algos":
             from jaderl.algos import ALGOS
 

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import gc
+import multiprocessing as mp
+import os
+import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,3 +32,56 @@ def one_thread() -> Iterator[None]:
 def tiny_ppo() -> Callable[..., dict[str, Any]]:
     """A factory of tiny PPO settings (see ``TINY_PPO``) with keyword overrides."""
     return lambda **overrides: TINY_PPO | overrides
+
+
+def _descendants() -> dict[int, tuple[str, str]]:
+    """All descendants of this process: pid -> (state, command line), read from /proc."""
+    parents, info = {}, {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        parents[int(entry.name)] = int(fields[1])
+        info[int(entry.name)] = (fields[0], cmdline)
+    found, frontier = {}, [os.getpid()]
+    while frontier:
+        parent = frontier.pop()
+        for pid, ppid in parents.items():
+            if ppid == parent and pid not in found:
+                found[pid] = info[pid]
+                frontier.append(pid)
+    return found
+
+
+def _is_infrastructure(cmdline: str) -> bool:
+    return "multiprocessing.forkserver" in cmdline or "multiprocessing.resource_tracker" in cmdline
+
+
+@pytest.fixture
+def descendants() -> Callable[[], dict[int, tuple[str, str]]]:
+    """A function listing this process's descendants: pid -> (state, command line), read from /proc."""
+    return _descendants
+
+
+@pytest.fixture
+def no_leftover_processes() -> Iterator[None]:
+    """Fail the test if it leaves a process (other than multiprocessing's own helpers) or a zombie behind."""
+    before = set(_descendants())
+    yield
+    gc.collect()
+    deadline = time.monotonic() + 2.0  # a process that was just told to exit may need a moment
+    while True:
+        after = _descendants()
+        left = {pid: cmd for pid, (_, cmd) in after.items() if pid not in before and not _is_infrastructure(cmd)}
+        zombies = {pid: cmd for pid, (state, cmd) in after.items() if state == "Z"}
+        if not (left or zombies) or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert not left, f"processes left behind: {left}"
+    assert not zombies, f"zombie processes: {zombies}"
+    assert not [p for p in mp.active_children() if p.name.startswith("jaderl-")]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import re
 import typing
 from pathlib import Path
@@ -174,8 +175,8 @@ def _coerce(name: str, value: Any, hint: Any) -> Any:
         if math.isnan(value):
             raise ConfigError(f"{name}=nan is invalid: expected a number")
         return float(value)
-    if hint is str and isinstance(value, str):
-        return value
+    if hint is str and isinstance(value, (str, os.PathLike)):  # run_dir may be a Path
+        return os.fspath(value)
     expected = getattr(hint, "__name__", str(hint))
     raise ConfigError(f"{name}={value!r} is invalid: expected {'a' if expected != 'int' else 'an'} {expected}")
 

@@ -7,9 +7,10 @@ import torch
 from jaderl.envs.chasing import CHASING_ENVS
 from jaderl.envs.classic import MORE_TORCH_ENVS
 from jaderl.envs.classic import TORCH_ENVS as _CLASSIC_ENVS
+from jaderl.envs.stock import STOCK_ENVS, StockTradingEnv, is_stock_id
 from jaderl.envs.vec import EnvError, GymnasiumVecEnv, VecEnv
 
-TORCH_ENVS: dict[str, type[VecEnv]] = {**_CLASSIC_ENVS, **MORE_TORCH_ENVS, **CHASING_ENVS}
+TORCH_ENVS: dict[str, type[VecEnv]] = {**_CLASSIC_ENVS, **MORE_TORCH_ENVS, **CHASING_ENVS, **STOCK_ENVS}
 """Every torch-native env id and its class; each class takes ``(num_envs, device, dtype, seed)``."""
 
 __all__ = ["TORCH_ENVS", "EnvError", "GymnasiumVecEnv", "VecEnv", "make_env"]
@@ -27,6 +28,8 @@ def make_env(name: str, num_envs: int, device: torch.device | str = "cpu", seed:
         from jaderl.envs.atari import make_atari_env
 
         return make_atari_env(name, num_envs, device)
+    if is_stock_id(name):  # jaderl/StockTrading-v0, with or without ?KEY=VALUE options (jaderl.envs.stock)
+        return StockTradingEnv(num_envs=num_envs, device=device, seed=seed, env_id=name)
     if name in TORCH_ENVS:
         return TORCH_ENVS[name](num_envs=num_envs, device=device, seed=seed)
     if name.startswith("jaderl/"):

@@ -12,6 +12,7 @@ finished), so a truncated episode can be bootstrapped from its real last state.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from typing import Any
 
@@ -160,6 +161,14 @@ class GymnasiumVecEnv(GymnasiumSpaces):
 
 
 def _gym_factory(env_id: str, kwargs: dict[str, Any]) -> Callable[[], gym.Env]:
+    """A maker of ``env_id``; ``"module:EnvId"`` imports ``module`` first (so it can register the env), as
+    ``gymnasium.make`` does."""
+    if ":" in env_id:
+        module, _, env_id = env_id.partition(":")
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            raise EnvError(f"cannot import {module!r} for env {env_id!r} ({exc}); install it or fix the id") from None
     try:
         gym.spec(env_id)
     except gym.error.Error as exc:

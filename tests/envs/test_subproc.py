@@ -13,7 +13,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,8 @@ from jaderl.core.config import ConfigError
 from jaderl.envs import make_env
 from jaderl.envs.subproc import SubprocVecEnv
 from jaderl.envs.vec import EnvError, GymnasiumVecEnv
+
+pytestmark = pytest.mark.usefixtures("no_leftover_processes")
 
 BOX_LOW, BOX_HIGH = np.array([-2.0, 0.0, 5.0], np.float32), np.array([2.0, 10.0, 6.0], np.float32)
 
@@ -56,47 +58,6 @@ class EchoEnv(gym.Env):
             assert action.dtype == np.float32
             return np.asarray(action, np.float32), 0.0, False, False, {}
         return np.array([action, 0, 0], np.float32), 0.0, False, False, {}
-
-
-def _descendants() -> dict[int, tuple[str, str]]:
-    """All descendants of this process: pid -> (state, command line), read from /proc."""
-    parents, info = {}, {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()
-        parents[int(entry.name)] = int(fields[1])
-        info[int(entry.name)] = (fields[0], cmdline)
-    found, frontier = {}, [os.getpid()]
-    while frontier:
-        parent = frontier.pop()
-        for pid, ppid in parents.items():
-            if ppid == parent and pid not in found:
-                found[pid] = info[pid]
-                frontier.append(pid)
-    return found
-
-
-def _is_infrastructure(cmdline: str) -> bool:
-    return "multiprocessing.forkserver" in cmdline or "multiprocessing.resource_tracker" in cmdline
-
-
-@pytest.fixture(autouse=True)
-def no_leftover_processes() -> Iterator[None]:
-    before = set(_descendants())
-    yield
-    gc.collect()
-    after = _descendants()
-    left = {pid: cmd for pid, (_, cmd) in after.items() if pid not in before and not _is_infrastructure(cmd)}
-    zombies = {pid: cmd for pid, (state, cmd) in after.items() if state == "Z"}
-    assert not left, f"processes left behind: {left}"
-    assert not zombies, f"zombie processes: {zombies}"
-    assert not [p for p in mp.active_children() if p.name.startswith("jaderl-")]
 
 
 def _gone(pids: list[int], timeout: float = 5.0) -> bool:
@@ -195,10 +156,10 @@ def test_killed_worker_is_detected(when: str) -> None:
 
 
 @pytest.mark.parametrize("how", ["close", "garbage collection"])
-def test_no_process_left_behind(how: str) -> None:
+def test_no_process_left_behind(how: str, descendants: Callable[[], dict[int, tuple[str, str]]]) -> None:
     env = SubprocVecEnv("CartPole-v1", num_envs=2, num_workers=2)
     pids = env.worker_pids
-    assert len(pids) == 2 and all(pid in _descendants() for pid in pids)
+    assert len(pids) == 2 and all(pid in descendants() for pid in pids)
     env.reset(seed=0)
     env.step(torch.zeros(2, dtype=torch.int64))
     if how == "close":
@@ -211,7 +172,7 @@ def test_no_process_left_behind(how: str) -> None:
         gc.collect()
     assert not [p for p in mp.active_children() if p.pid in pids]
     assert _gone(pids, timeout=1.0)
-    assert not set(pids) & set(_descendants())
+    assert not set(pids) & set(descendants())
 
 
 def test_make_env_with_workers() -> None:
