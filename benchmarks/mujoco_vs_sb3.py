@@ -2,9 +2,9 @@
 
 Usage (from the repository root; needs ``pip install -e .[mujoco]``)::
 
-    .venv/bin/python benchmarks/mujoco_vs_sb3.py                       # 2 algos x 2 envs x 3 seeds x 2 libraries, 100k steps
+    .venv/bin/python benchmarks/mujoco_vs_sb3.py            # 2 algos x 2 envs x 3 seeds x 2 libraries, 100k steps
     .venv/bin/python benchmarks/mujoco_vs_sb3.py --algos sac --envs Hopper-v5 --seeds 1
-    .venv/bin/python benchmarks/mujoco_vs_sb3.py --quick               # smoke check: 1 seed, 3k steps, writes no file
+    .venv/bin/python benchmarks/mujoco_vs_sb3.py --quick    # smoke check: 1 seed, 3k steps, writes no file
 
 Every run (one library, algorithm, env and seed) is a fresh subprocess of this script that trains for ``--steps``
 env steps with no early stop, then evaluates the final deterministic policy over 10 episodes on a separate env

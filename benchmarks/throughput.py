@@ -2,9 +2,11 @@
 
 Usage (from the repository root)::
 
-    .venv/bin/python benchmarks/throughput.py                      # every section
+    .venv/bin/python benchmarks/throughput.py                      # every section, full settings
+    .venv/bin/python benchmarks/throughput.py --quick              # every section, small settings (a smoke check)
     .venv/bin/python benchmarks/throughput.py --section subproc    # one section
     .venv/bin/python benchmarks/throughput.py --section subproc --env Pendulum-v1 --steps 1000
+    .venv/bin/python benchmarks/throughput.py --section torch-envs --device cuda   # on a GPU
 
 Each section prints a markdown table to stdout and writes no file. The machine's load average is printed with
 every table; numbers measured from a 1-minute load above 1.5 are marked as measured under load.
@@ -17,14 +19,43 @@ Sections
               Every variant is built once, warmed up, then timed ``--repeats`` times round-robin over ``--steps``
               batched steps; the table gives the median. Targets from the issue: SubprocVecEnv >= 3x Async and
               >= 0.9x envpool.
+    torch-envs
+              env-steps/s of every torch-native env in ``jaderl.envs.TORCH_ENVS`` but the stock-trading one, at 1,
+              16, 256, 4,096 and 65,536 sub-envs (``--quick``: 1, 256, 4,096), on ``--device`` (one CPU thread on
+              the CPU). Random actions are drawn on the device before
+              timing (a pool of 16 batches, cycled); only ``step`` is timed, in a loop after a warm-up, long enough
+              to last ``--min-time`` seconds; the table gives the median of ``--repeats`` timings. Targets: the torch
+              Pendulum at 4,096 envs >= 10M env-steps/s on the CPU; >= 200M env-steps/s on a GPU (its best size).
+    ppo       end-to-end PPO training samples/s: env steps collected and learned from per second of wall time, setup
+              and a warm-up iteration excluded, no evaluation or logging. jaderl: PPO on ``--ppo-envs`` sub-envs of
+              its torch ``jaderl/Pendulum-v1`` (on ``--device``), one ``explore`` + ``update`` per iteration. SB3:
+              PPO on Gymnasium's Pendulum-v1 in a DummyVecEnv of the same number of envs (CPU; the envs are
+              Gymnasium's Python envs: that is the comparison the target is about). Both: actor and critic MLPs
+              [64, 64] with tanh, rollouts of ``--ppo-horizon`` steps per env, minibatches of
+              ``--ppo-minibatch``, ``--ppo-epochs`` epochs, gradient clipping at 0.5. Each library runs in its own
+              subprocess with one torch thread, for at least 5 x ``--min-time`` seconds. Target: jaderl >= 10x SB3
+              on the CPU; >= 2M samples/s on a GPU.
+    sac       SAC gradient updates per second: critics, actor and entropy coefficient, twin critics and actor of
+              [256, 256], batch 256, on the observation and action sizes of ``--sac-env`` (HalfCheetah-v5 by
+              default, Pendulum-v1 when MuJoCo is missing), from a replay buffer pre-filled with ``--sac-fill``
+              random transitions; only the update loop is timed (after warm-up updates). jaderl: ``update_once``
+              on uniform batches drawn from its ``ReplayBuffer``, exactly what ``update`` runs per owed gradient
+              step. SB3: ``model.train(gradient_steps=..., batch_size=256)`` on its filled ``ReplayBuffer``. Each in
+              its own subprocess, one torch thread, median of ``--repeats`` timings. Target: jaderl >= 2x SB3.
+    The ppo and sac tables give rates per second of wall time (the figures the targets are about) and per CPU-second
+    of the measuring process (less sensitive to other load on a shared machine; with one thread the two agree on
+    an idle one). The ppo and sac sections also time jaderl with ``compile=True`` (``torch.compile`` of its act and loss
+    functions, :mod:`jaderl.accel`) unless ``--no-compiled``; ``--quick`` leaves it out unless ``--compiled``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -146,19 +177,398 @@ def section_subproc(args: argparse.Namespace) -> None:
     print(f"load average (1 min) at end: {load:.2f} (includes this benchmark's own processes)")
 
 
-SECTIONS: dict[str, Callable[[argparse.Namespace], None]] = {"subproc": section_subproc}
+# -- section: torch-envs -------------------------------------------------------------------------------------------
+
+ENV_SIZES = (1, 16, 256, 4096, 65536)
+QUICK_ENV_SIZES = (1, 256, 4096)
+SKIPPED_ENVS = ("StockTrading",)
+
+
+def _sync(device: Any) -> None:
+    import torch
+
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _time_env(env_cls: Any, num_envs: int, device: str, min_time: float, repeats: int) -> float:
+    """Median env-steps/s of ``step`` with random actions drawn on the device beforehand."""
+    import torch
+
+    env = env_cls(num_envs=num_envs, device=device, seed=0)
+    env.reset(seed=0)
+    gen = torch.Generator(device=device).manual_seed(0)
+    pool = 16
+    if env.is_discrete:
+        actions = torch.randint(env.action_dim, (pool, num_envs), device=device, generator=gen)
+    else:
+        actions = torch.rand(pool, num_envs, env.action_dim, device=device, generator=gen) * 2 - 1
+    for i in range(20):  # warm-up, then calibrate the loop length to last about min_time
+        env.step(actions[i % pool])
+    _sync(device)
+    steps, elapsed = 8, 0.0
+    while elapsed < min_time / 4:
+        steps *= 2
+        start = time.perf_counter()
+        for i in range(steps):
+            env.step(actions[i % pool])
+        _sync(device)
+        elapsed = time.perf_counter() - start
+    steps = max(8, int(steps * min_time / elapsed))
+    rates = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for i in range(steps):
+            env.step(actions[i % pool])
+        _sync(device)
+        rates.append(num_envs * steps / (time.perf_counter() - start))
+    env.close()
+    return statistics.median(rates)
+
+
+def section_torch_envs(args: argparse.Namespace) -> None:
+    import torch
+
+    from jaderl.envs import TORCH_ENVS
+
+    torch.set_num_threads(1)
+    load_at_start = _load()
+    device = args.device
+    sizes = QUICK_ENV_SIZES if args.quick else ENV_SIZES
+    min_time = 0.1 if args.quick else args.min_time
+    repeats = min(args.repeats, 3) if args.quick else args.repeats
+    envs = {name: cls for name, cls in TORCH_ENVS.items() if not any(s in name for s in SKIPPED_ENVS)}
+    notes = [f"skipped: {name}" for name in TORCH_ENVS if name not in envs]
+    rates = {name: {n: _time_env(cls, n, device, min_time, repeats) for n in sizes} for name, cls in envs.items()}
+    if load_at_start > LOAD_LIMIT:
+        notes.append(f"measured under load (1-min load average {load_at_start:.2f} > {LOAD_LIMIT} at start)")
+    threads = f"{torch.get_num_threads()} CPU thread" if device == "cpu" else _device_name(device)
+    _header(f"torch-envs: env-steps/s of `step` with random actions, {device} ({threads}), median of {repeats}", notes,
+            load_at_start)
+    print("| env | " + " | ".join(f"{n:,} envs" for n in sizes) + " |")
+    print("|---|" + "---:|" * len(sizes))
+    for name, row in rates.items():
+        print(f"| {name} | " + " | ".join(_si(row[n]) for n in sizes) + " |")
+    print()
+    pendulum = rates.get("jaderl/Pendulum-v1", {})
+    if device == "cpu" and 4096 in pendulum:
+        value = pendulum[4096]
+        print(f"jaderl/Pendulum-v1 at 4,096 envs: {_si(value)} env-steps/s (target >= 10M on the CPU): "
+              f"{'PASS' if value >= 10e6 else 'FAIL'}")
+    elif pendulum:
+        best = max(pendulum, key=pendulum.__getitem__)
+        print(f"jaderl/Pendulum-v1, best at {best:,} envs: {_si(pendulum[best])} env-steps/s "
+              f"(target >= 200M on a GPU): {'PASS' if pendulum[best] >= 200e6 else 'FAIL'}")
+    print(f"load average (1 min) at end: {_load():.2f}")
+
+
+def _si(value: float) -> str:
+    """Rates as 12.3M / 456k / 789."""
+    if value >= 1e6:
+        return f"{value / 1e6:,.1f}M"
+    if value >= 1e4:
+        return f"{value / 1e3:,.0f}k"
+    return f"{value:,.0f}"
+
+
+def _device_name(device: str) -> str:
+    import torch
+
+    return torch.cuda.get_device_name(torch.device(device)) if device.startswith("cuda") else device
+
+
+# -- workers: one library, one measurement, in a fresh subprocess with one torch thread -------------------------------
+
+
+def _run_worker(task: str, params: dict[str, Any], timeout: float = 1800.0) -> dict[str, Any]:
+    """Run ``task`` in a fresh interpreter (one torch / BLAS thread); returns its result or ``{"error": ...}``."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+    command = [sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps({"task": task, **params})]
+    try:
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        return {"error": f"killed after {timeout:.0f} s"}
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    if proc.returncode != 0 or not lines:
+        return {"error": f"exit {proc.returncode}: {proc.stderr.strip()[-1500:]}"}
+    return json.loads(lines[-1].removeprefix("RESULT "))
+
+
+def _timed(iteration: Callable[[], Any], device: str, min_time: float,
+           min_iterations: int) -> tuple[int, float, float]:
+    """Run ``iteration`` until ``min_time`` seconds and ``min_iterations`` have passed: (iterations, wall seconds,
+    CPU seconds of this process)."""
+    _sync(device)
+    start, cpu_start, count = time.perf_counter(), time.process_time(), 0
+    while count < min_iterations or time.perf_counter() - start < min_time:
+        iteration()
+        count += 1
+        if count % 8 == 0:
+            _sync(device)
+    _sync(device)
+    return count, time.perf_counter() - start, time.process_time() - cpu_start
+
+
+def _worker_ppo_jaderl(p: dict[str, Any]) -> dict[str, Any]:
+    import torch
+
+    from jaderl.accel import accelerate
+    from jaderl.algos import PPO
+    from jaderl.api import make_config
+    from jaderl.envs import make_env
+
+    device = torch.device(p["device"])
+    config = make_config("ppo", "jaderl/Pendulum-v1", num_envs=p["envs"], horizon=p["horizon"], hidden=[64, 64],
+                         minibatch_size=p["minibatch"], num_epochs=p["epochs"], device=p["device"], seed=0,
+                         compile=p["compile"])
+    env = make_env(config.env, config.num_envs, device, seed=0)
+    torch.manual_seed(0)
+    agent = PPO(config, env, device)
+    accelerate(agent)
+    buffer = agent.make_buffer()
+
+    def iteration() -> None:
+        buffer.add(agent.explore(env, config.horizon))
+        agent.update(buffer)
+
+    for _ in range(p["warmup"]):  # includes compiling when compile=True
+        iteration()
+    count, elapsed, cpu = _timed(iteration, p["device"], p["min_time"], p["iterations"])
+    samples = count * config.horizon * config.num_envs
+    return {"rate": samples / elapsed, "cpu_rate": samples / cpu, "iterations": count, "seconds": elapsed}
+
+
+def _worker_ppo_sb3(p: dict[str, Any]) -> dict[str, Any]:
+    import torch
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.env_util import make_vec_env
+
+    env = make_vec_env("Pendulum-v1", n_envs=p["envs"], seed=0)  # a DummyVecEnv
+    model = PPO("MlpPolicy", env, n_steps=p["horizon"], batch_size=p["minibatch"], n_epochs=p["epochs"],
+                max_grad_norm=0.5, device="cpu", seed=0, verbose=0,
+                policy_kwargs={"net_arch": {"pi": [64, 64], "vf": [64, 64]}, "activation_fn": torch.nn.Tanh})
+    batch = p["horizon"] * p["envs"]
+    model.learn(total_timesteps=p["warmup"] * batch)
+    steps_before = model.num_timesteps
+
+    def iteration() -> None:
+        model.learn(total_timesteps=batch, reset_num_timesteps=False)
+
+    count, elapsed, cpu = _timed(iteration, "cpu", p["min_time"], p["iterations"])
+    samples = model.num_timesteps - steps_before
+    return {"rate": samples / elapsed, "cpu_rate": samples / cpu, "iterations": count, "seconds": elapsed}
+
+
+def _sac_sizes(env_id: str) -> tuple[int, int]:
+    import gymnasium as gym
+
+    env = gym.make(env_id)
+    sizes = int(env.observation_space.shape[0]), int(env.action_space.shape[0])
+    env.close()
+    return sizes
+
+
+def _worker_sac_jaderl(p: dict[str, Any]) -> dict[str, Any]:
+    import torch
+
+    from jaderl.accel import accelerate
+    from jaderl.algos import SAC
+    from jaderl.api import make_config
+    from jaderl.envs import make_env
+
+    device = torch.device(p["device"])
+    config = make_config("sac", p["env"], hidden=[256, 256], batch_size=256, buffer_size=p["fill"],
+                         device=p["device"], seed=0, compile=p["compile"])
+    env = make_env(p["env"], 1, device)  # only for its spaces
+    torch.manual_seed(0)
+    agent = SAC(config, env, device)
+    env.close()
+    accelerate(agent)
+    buffer = agent.make_buffer()
+    n, obs_dim, act_dim = p["fill"], agent.obs_dim, agent.action_dim
+    buffer.add({"obs": torch.randn(n, 1, obs_dim, device=device),
+                "action": torch.rand(n, 1, act_dim, device=device) * 2 - 1,
+                "reward": torch.randn(n, 1, device=device),
+                "terminated": torch.rand(n, 1, device=device) < 0.001,
+                "truncated": torch.zeros(n, 1, dtype=torch.bool, device=device),
+                "next_obs": torch.randn(n, 1, obs_dim, device=device)})
+
+    def updates(count: int) -> None:  # what OffPolicyAgent.update runs per owed gradient step
+        for _ in range(count):
+            agent.update_once(buffer.sample(config.batch_size, config.n_step, config.gamma))
+
+    updates(p["warmup"])
+    return _repeat(lambda: updates(p["updates"]), p["updates"], p["repeats"], p["device"])
+
+
+def _repeat(run: Callable[[], Any], count: int, repeats: int, device: str) -> dict[str, Any]:
+    """Median rates of ``count`` operations per wall second and per CPU second of this process over ``repeats``."""
+    rates, cpu_rates = [], []
+    for _ in range(repeats):
+        _sync(device)
+        start, cpu_start = time.perf_counter(), time.process_time()
+        run()
+        _sync(device)
+        rates.append(count / (time.perf_counter() - start))
+        cpu_rates.append(count / (time.process_time() - cpu_start))
+    return {"rate": statistics.median(rates), "cpu_rate": statistics.median(cpu_rates), "rates": rates}
+
+
+def _worker_sac_sb3(p: dict[str, Any]) -> dict[str, Any]:
+    import numpy as np
+    from stable_baselines3 import SAC
+    from stable_baselines3.common.logger import configure
+
+    model = SAC("MlpPolicy", p["env"], batch_size=256, buffer_size=p["fill"], learning_starts=0, device="cpu",
+                seed=0, policy_kwargs={"net_arch": [256, 256]})
+    model.set_logger(configure(None, [""]))
+    rb, n, rng = model.replay_buffer, p["fill"], np.random.default_rng(0)
+    rb.observations[:] = rng.standard_normal(rb.observations.shape).astype(rb.observations.dtype)
+    rb.next_observations[:] = rng.standard_normal(rb.next_observations.shape).astype(rb.next_observations.dtype)
+    rb.actions[:] = rng.uniform(-1, 1, rb.actions.shape).astype(rb.actions.dtype)
+    rb.rewards[:] = rng.standard_normal(rb.rewards.shape).astype(rb.rewards.dtype)
+    rb.dones[:] = (rng.uniform(size=rb.dones.shape) < 0.001).astype(rb.dones.dtype)
+    rb.full, rb.pos = True, 0
+    assert rb.size() == n
+    model.train(gradient_steps=p["warmup"], batch_size=256)
+    return _repeat(lambda: model.train(gradient_steps=p["updates"], batch_size=256), p["updates"], p["repeats"], "cpu")
+
+
+WORKERS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
+    "ppo-jaderl": _worker_ppo_jaderl, "ppo-sb3": _worker_ppo_sb3,
+    "sac-jaderl": _worker_sac_jaderl, "sac-sb3": _worker_sac_sb3,
+}
+
+
+def worker_main(spec_json: str) -> None:
+    """``--worker`` mode: one measurement, its result printed as a ``RESULT {json}`` line."""
+    import torch
+
+    torch.set_num_threads(1)
+    spec = json.loads(spec_json)
+    result = WORKERS[spec.pop("task")](spec)
+    print("RESULT " + json.dumps({**result, "threads": torch.get_num_threads()}))
+
+
+def _compiled(args: argparse.Namespace) -> bool:
+    return (not args.quick) if args.compiled is None else args.compiled
+
+
+def _ratio_table(rows: list[tuple[str, str, dict[str, Any]]], unit: str, reference: str) -> dict[str, float]:
+    """Print | variant | setup | rate | ratio to ``reference`` |; returns the rates of the rows that ran."""
+    rates = {name: r["rate"] for name, _, r in rows if "rate" in r}
+    cpu_rates = {name: r["cpu_rate"] for name, _, r in rows if "cpu_rate" in r}
+    print(f"| run | setup | {unit} | {reference} / this | {unit} per CPU-second | {reference} / this |")
+    print("|---|---|---:|---:|---:|---:|")
+    for name, setup, result in rows:
+        if "rate" in result:
+            ratio = f"{rates[reference] / result['rate']:.2f}x" if reference in rates else "n/a"
+            cpu_ratio = f"{cpu_rates[reference] / result['cpu_rate']:.2f}x" if reference in cpu_rates else "n/a"
+            print(f"| {name} | {setup} | {result['rate']:,.0f} | {ratio} | {result['cpu_rate']:,.0f} | {cpu_ratio} |")
+        else:
+            print(f"| {name} | {setup} | error | | | |")
+    print()
+    for name, _, result in rows:
+        if "error" in result:
+            print(f"error in {name}: {result['error']}")
+    return rates
+
+
+# -- section: ppo ----------------------------------------------------------------------------------------------------
+
+
+def section_ppo(args: argparse.Namespace) -> None:
+    load_at_start = _load()
+    common = {"envs": args.ppo_envs, "horizon": args.ppo_horizon, "minibatch": args.ppo_minibatch,
+              "epochs": args.ppo_epochs, "warmup": 1, "min_time": 1.0 if args.quick else args.min_time * 5,
+              "iterations": 1 if args.quick else 3}
+    variants = [("jaderl", False)] + ([("jaderl compile=True", True)] if _compiled(args) else [])
+    rows = []
+    for name, compile_ in variants:
+        rows.append((name, f"PPO, `jaderl/Pendulum-v1` x {args.ppo_envs} (torch, {args.device})",
+                     _run_worker("ppo-jaderl", {**common, "device": args.device, "compile": compile_})))
+    rows.append(("SB3", f"PPO, Gymnasium `Pendulum-v1` x {args.ppo_envs} (DummyVecEnv, cpu)",
+                 _run_worker("ppo-sb3", common)))
+    notes = [f"rollout {args.ppo_horizon} steps x {args.ppo_envs} envs = {args.ppo_horizon * args.ppo_envs:,} "
+             f"samples per iteration, minibatch {args.ppo_minibatch}, {args.ppo_epochs} epochs, actor and critic "
+             "[64, 64] tanh; one torch thread per library; setup and one warm-up iteration not timed"]
+    if load_at_start > LOAD_LIMIT:
+        notes.append(f"measured under load (1-min load average {load_at_start:.2f} > {LOAD_LIMIT} at start)")
+    _header("ppo: end-to-end training samples/s (collect + learn)", notes, load_at_start)
+    rates = _ratio_table(rows, "samples/s", "jaderl")
+    if "jaderl" in rates and "SB3" in rates:
+        ratio = rates["jaderl"] / rates["SB3"]
+        print(f"jaderl / SB3: {ratio:.1f}x (target >= 10x): {'PASS' if ratio >= 10 else 'FAIL'}")
+    if args.device != "cpu" and "jaderl" in rates:
+        print(f"jaderl on {args.device}: {_si(rates['jaderl'])} samples/s (target >= 2M on a GPU): "
+              f"{'PASS' if rates['jaderl'] >= 2e6 else 'FAIL'}")
+    print(f"load average (1 min) at end: {_load():.2f}")
+
+
+# -- section: sac ----------------------------------------------------------------------------------------------------
+
+
+def section_sac(args: argparse.Namespace) -> None:
+    load_at_start = _load()
+    env_id, notes = _pick_env(args.sac_env)
+    obs_dim, act_dim = _sac_sizes(env_id)
+    fill = 10_000 if args.quick else args.sac_fill
+    common = {"env": env_id, "fill": fill, "warmup": 10 if args.quick else 50,
+              "updates": 50 if args.quick else args.sac_updates, "repeats": min(args.repeats, 3) if args.quick
+              else args.repeats}
+    variants = [("jaderl", False)] + ([("jaderl compile=True", True)] if _compiled(args) else [])
+    rows = []
+    for name, compile_ in variants:
+        rows.append((name, f"SAC, {args.device}",
+                     _run_worker("sac-jaderl", {**common, "device": args.device, "compile": compile_})))
+    rows.append(("SB3", "SAC, cpu", _run_worker("sac-sb3", common)))
+    notes.append(f"{env_id} sizes (obs {obs_dim}, action {act_dim}); actor and twin critics [256, 256], batch 256, "
+                 f"buffer of {fill:,} random transitions; {common['updates']} updates per timing, median of "
+                 f"{common['repeats']}; one torch thread per library")
+    if load_at_start > LOAD_LIMIT:
+        notes.append(f"measured under load (1-min load average {load_at_start:.2f} > {LOAD_LIMIT} at start)")
+    _header("sac: gradient updates/s (critics + actor + alpha)", notes, load_at_start)
+    rates = _ratio_table(rows, "updates/s", "jaderl")
+    if "jaderl" in rates and "SB3" in rates:
+        ratio = rates["jaderl"] / rates["SB3"]
+        print(f"jaderl / SB3: {ratio:.2f}x (target >= 2x): {'PASS' if ratio >= 2 else 'FAIL'}")
+    print(f"load average (1 min) at end: {_load():.2f}")
+
+
+SECTIONS: dict[str, Callable[[argparse.Namespace], None]] = {
+    "subproc": section_subproc, "torch-envs": section_torch_envs, "ppo": section_ppo, "sac": section_sac,
+}
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--section", choices=[*SECTIONS, "all"], default="all")
+    parser.add_argument("--quick", action="store_true", help="small settings: a smoke check, not a measurement")
+    parser.add_argument("--device", default="cpu", help="torch-envs, ppo, sac: device of jaderl's side (cpu, cuda)")
     parser.add_argument("--env", default="HalfCheetah-v5", help="subproc: Gymnasium id")
     parser.add_argument("--num-envs", type=int, default=8, help="subproc: sub-envs per stepper")
     parser.add_argument("--workers", type=int, default=2, help="subproc: SubprocVecEnv workers / envpool threads")
     parser.add_argument("--steps", type=int, default=2000, help="subproc: batched steps per timing")
     parser.add_argument("--warmup", type=int, default=200, help="subproc: untimed batched steps first")
-    parser.add_argument("--repeats", type=int, default=3, help="subproc: timings per stepper (median reported)")
+    parser.add_argument("--repeats", type=int, default=3, help="timings per variant (median reported)")
+    parser.add_argument("--min-time", type=float, default=1.0,
+                        help="torch-envs: seconds per timing; ppo: 5x this per library")
+    parser.add_argument("--ppo-envs", type=int, default=256, help="ppo: sub-envs (both libraries)")
+    parser.add_argument("--ppo-horizon", type=int, default=32, help="ppo: rollout steps per env")
+    parser.add_argument("--ppo-minibatch", type=int, default=2048, help="ppo: minibatch size")
+    parser.add_argument("--ppo-epochs", type=int, default=10, help="ppo: epochs per rollout")
+    parser.add_argument("--sac-env", default="HalfCheetah-v5", help="sac: Gymnasium id whose sizes the networks take")
+    parser.add_argument("--sac-fill", type=int, default=100_000, help="sac: random transitions in the buffer")
+    parser.add_argument("--sac-updates", type=int, default=500, help="sac: updates per timing")
+    parser.add_argument("--compiled", action=argparse.BooleanOptionalAction, default=None,
+                        help="ppo, sac: also time jaderl with compile=True (default: yes, but not with --quick)")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.worker:
+        worker_main(args.worker)
+        return
+    if args.quick:
+        args.steps, args.warmup, args.repeats = min(args.steps, 300), min(args.warmup, 50), min(args.repeats, 2)
     for name, section in SECTIONS.items():
         if args.section in (name, "all"):
             section(args)

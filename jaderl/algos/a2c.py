@@ -55,6 +55,8 @@ class A2C(OnPolicyAgent):
     """A2C for discrete (categorical) and continuous (Gaussian) actions."""
 
     config_cls = A2CConfig
+    compiled_methods = ("act", "explore_action")
+    """The pure functions :func:`jaderl.accel.accelerate` compiles (the optimizer steps stay eager)."""
     config: A2CConfig
 
     def __init__(self, config: A2CConfig, env: VecEnv, device: torch.device) -> None:

@@ -56,6 +56,8 @@ class DQN(OffPolicyAgent):
     continuous = False
     policy_modules = ("q_net",)
     counters = (*OffPolicyAgent.counters, "num_updates")
+    compiled_methods = ("act", "q_loss")
+    """The pure functions :func:`jaderl.accel.accelerate` compiles (the optimizer steps stay eager)."""
     config: DQNConfig
 
     def __init__(self, config: DQNConfig, env: VecEnv, device: torch.device) -> None:
@@ -86,8 +88,8 @@ class DQN(OffPolicyAgent):
         stats = super().update(buffer)
         return {**stats, "epsilon": torch.tensor(self.epsilon())} if stats else {}
 
-    def update_once(self, batch: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-        """One gradient step on a sampled batch (B, ...), then the target update when it is due."""
+    def q_loss(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The Huber loss on a sampled batch (B, ...), Q(s, a) (B,) and the TD errors (B,)."""
         cfg = self.config
         obs, next_obs = self.features(batch["obs"]), self.features(batch["next_obs"])
         with torch.no_grad():
@@ -100,8 +102,14 @@ class DQN(OffPolicyAgent):
             target = batch["reward"] + batch["discount"] * (~batch["terminated"]) * next_q
         q = self.q_net(obs, noise=True).gather(-1, batch["action"].long().unsqueeze(-1)).squeeze(-1)
         loss = self.weighted_mean(F.smooth_l1_loss(q, target, reduction="none"), batch)
+        return loss, q.detach(), (q - target).detach()
+
+    def update_once(self, batch: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        """One gradient step on a sampled batch (B, ...), then the target update when it is due."""
+        cfg = self.config
+        loss, q, td_error = self.q_loss(batch)
         self.optimize(self.optimizer, loss)
         self.num_updates += 1
         if self.num_updates % cfg.target_update_every == 0:
             self.soft_update(self.q_target, self.q_net, cfg.tau)
-        return {"loss/q": loss.detach(), "q/mean": q.detach().mean()}, (q - target).detach()
+        return {"loss/q": loss.detach(), "q/mean": q.mean()}, td_error

@@ -51,6 +51,8 @@ class PPO(OnPolicyAgent):
     """PPO for discrete (categorical) and continuous (Gaussian) actions."""
 
     config_cls = PPOConfig
+    compiled_methods = ("act", "explore_action", "minibatch_loss")
+    """The pure functions :func:`jaderl.accel.accelerate` compiles (the optimizer steps stay eager)."""
     config: PPOConfig
 
     def __init__(self, config: PPOConfig, env: VecEnv, device: torch.device) -> None:
@@ -74,22 +76,10 @@ class PPO(OnPolicyAgent):
         for _ in range(cfg.num_epochs):
             perm = torch.randperm(size, device=self.device)
             for start in range(0, size - cfg.minibatch_size + 1, cfg.minibatch_size):
-                mb = {k: v[perm[start:start + cfg.minibatch_size]] for k, v in batch.items()}
-                features = self.features(mb["obs"])  # again, so that gradients reach an image encoder
-                log_prob, entropy = self.actor.evaluate(features, mb["action"])
-                log_ratio = log_prob - mb["log_prob"]
-                ratio = log_ratio.exp()
-                adv = mb["advantage"]
-                if cfg.normalize_advantages:
-                    adv = (adv - adv.mean()) / (adv.std() + 1e-8)
-                policy_loss = -torch.min(ratio * adv, ratio.clamp(1 - cfg.clip_ratio, 1 + cfg.clip_ratio) * adv).mean()
-                value_loss = (self.critic(features).squeeze(-1) - mb["value_target"]).square().mean()
-                loss = policy_loss + cfg.vf_coef * value_loss - cfg.ent_coef * entropy.mean()
+                loss, mb_stats = self.minibatch_loss({k: v[perm[start:start + cfg.minibatch_size]]
+                                                      for k, v in batch.items()})
                 self.optimize(self.optimizer, loss)
-                with torch.no_grad():
-                    clip_frac = ((ratio - 1).abs() > cfg.clip_ratio).float().mean()
-                    approx_kl = ((ratio - 1) - log_ratio).mean()  # Schulman's low-variance KL estimator
-                    totals += torch.stack([policy_loss, value_loss, entropy.mean(), approx_kl, clip_frac]).detach()
+                totals += mb_stats
                 num_updates += 1
         # 3. the optional H-term policy update on segments of this rollout
         hterm = hterm_update(self, data, lambda x, a: self.actor.evaluate(x, a)[0], self.actor, self.optimizer)
@@ -98,3 +88,23 @@ class PPO(OnPolicyAgent):
         names = ("loss/policy", "loss/value", "policy/entropy", "policy/approx_kl", "policy/clip_fraction")
         stats = dict(zip(names, totals.unbind(), strict=True))
         return stats if hterm is None else {**stats, "loss/hterm": hterm}
+
+    def minibatch_loss(self, mb: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The loss L of the module docstring on a minibatch, and its statistics (5,): policy loss, value loss,
+        entropy, approximate KL and clip fraction."""
+        cfg = self.config
+        features = self.features(mb["obs"])  # again, so that gradients reach an image encoder
+        log_prob, entropy = self.actor.evaluate(features, mb["action"])
+        log_ratio = log_prob - mb["log_prob"]
+        ratio = log_ratio.exp()
+        adv = mb["advantage"]
+        if cfg.normalize_advantages:
+            adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+        policy_loss = -torch.min(ratio * adv, ratio.clamp(1 - cfg.clip_ratio, 1 + cfg.clip_ratio) * adv).mean()
+        value_loss = (self.critic(features).squeeze(-1) - mb["value_target"]).square().mean()
+        loss = policy_loss + cfg.vf_coef * value_loss - cfg.ent_coef * entropy.mean()
+        with torch.no_grad():
+            clip_frac = ((ratio - 1).abs() > cfg.clip_ratio).float().mean()
+            approx_kl = ((ratio - 1) - log_ratio).mean()  # Schulman's low-variance KL estimator
+            stats = torch.stack([policy_loss, value_loss, entropy.mean(), approx_kl, clip_frac])
+        return loss, stats

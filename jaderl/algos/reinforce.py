@@ -80,6 +80,8 @@ class Reinforce(OnPolicyAgent):
     """REINFORCE and VPG for discrete (categorical) and continuous (Gaussian) actions."""
 
     config_cls = ReinforceConfig
+    compiled_methods = ("act", "explore_action")
+    """The pure functions :func:`jaderl.accel.accelerate` compiles (the optimizer steps stay eager)."""
     config: ReinforceConfig
 
     def __init__(self, config: ReinforceConfig, env: VecEnv, device: torch.device) -> None:

@@ -15,8 +15,10 @@ REDQ (Chen et al. 2021, https://arxiv.org/abs/2101.05982) is the preset ``num_cr
 actor_reduce=mean`` with an update-to-data ratio ``updates_per_step`` > 1. ModSAC (``modsac=True``) adapts how often
 the actor learns to how well the critics fit: with c the running mean of the critic loss and lambda = exp(-c^2) in
 (0, 1], the actor steps only while actor_updates / critic_updates < 1 / (2 - lambda), i.e. on every critic step
-when the critics fit well (lambda -> 1) and on every second one when they do not (lambda -> 0). c is read on the
-host once per ``update`` call (one sync per iteration, not per gradient step).
+when the critics fit well (lambda -> 1) and on every second one when they do not (lambda -> 0). c is taken once per
+``update`` call; the decision stays on the device: the actor and alpha step every time and a step that is not due is
+undone (parameters and optimizer states restored), so the schedule costs no host sync (an undone step still draws
+its random numbers).
 
 Only ``terminated`` stops the bootstrap; truncated transitions bootstrap from ``next_obs``.
 """
@@ -25,7 +27,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import math
 
 import torch
 
@@ -69,6 +70,8 @@ class SAC(OffPolicyAgent):
     config_cls = SACConfig
     discrete = False
     counters = (*OffPolicyAgent.counters, "critic_updates", "actor_updates", "critic_loss_avg")
+    compiled_methods = ("act", "critic_loss", "actor_loss")
+    """The pure functions :func:`jaderl.accel.accelerate` compiles (the optimizer steps stay eager)."""
     config: SACConfig
 
     def __init__(self, config: SACConfig, env: VecEnv, device: torch.device) -> None:
@@ -81,9 +84,31 @@ class SAC(OffPolicyAgent):
         self.critic_optimizer = self.adam([*self.encoder_parameters(), *self.critic.parameters()], lr=config.lr)
         self.alpha_optimizer = self.adam([self.log_alpha], lr=config.lr)
         self.target_entropy = -float(self.action_dim)
+        # device-side counters and statistics (shape (1,): not a 0-d running statistic that learners average)
+        self._actor_updates = torch.zeros(1, dtype=torch.float64, device=device)
+        self._critic_loss_seen = torch.zeros(1, dtype=torch.float64, device=device)  # ModSAC's c for this update()
+        self._actor_stats = torch.zeros(2, device=device)  # the latest actor step's loss and entropy
         self.critic_updates, self.actor_updates = 0, 0
-        self.critic_loss_avg = 0.0  # ModSAC's running critic loss, read from the device once per update() call
-        self._critic_loss_ema = torch.zeros((), device=device)
+        self.critic_loss_avg = 0.0
+        self._critic_loss_ema = torch.zeros((), device=device)  # ModSAC's running critic loss
+
+    @property
+    def actor_updates(self) -> int:
+        """Actor steps taken (kept on the device; reading it syncs, so only checkpoints, logs and tests do)."""
+        return int(self._actor_updates.item())
+
+    @actor_updates.setter
+    def actor_updates(self, value: float) -> None:
+        self._actor_updates.fill_(value)
+
+    @property
+    def critic_loss_avg(self) -> float:
+        """ModSAC's running mean critic loss c as the current ``update`` call uses it (reading it syncs)."""
+        return self._critic_loss_seen.item()
+
+    @critic_loss_avg.setter
+    def critic_loss_avg(self, value: float) -> None:
+        self._critic_loss_seen.fill_(value)
 
     def act(self, obs: torch.Tensor, deterministic: bool = False) -> torch.Tensor:
         x = self.features(obs)
@@ -96,7 +121,7 @@ class SAC(OffPolicyAgent):
 
     def update(self, buffer: ReplayBuffer) -> dict[str, torch.Tensor]:
         if self.config.modsac:
-            self.critic_loss_avg = float(self._critic_loss_ema)
+            self._critic_loss_seen.copy_(self._critic_loss_ema)  # on the device: no sync
         stats = super().update(buffer)
         if stats and self.config.use_hterm:
             hterm = hterm_update(self, buffer.data, lambda x, a: tanh_gaussian_log_prob(self.actor, x, a), self.actor,
@@ -110,11 +135,25 @@ class SAC(OffPolicyAgent):
         cfg = self.config
         next_obs = self.features(batch["next_obs"])
         next_action, next_log_prob = self.actor.sample(next_obs)
-        next_q = self.critic_target(next_obs, next_action)  # (E, B)
+        members = None  # REDQ: only the random subset of target critics is evaluated
         if 0 < cfg.num_target_critics < cfg.num_critics:
-            next_q = next_q[torch.randperm(cfg.num_critics, device=self.device)[:cfg.num_target_critics]]
+            members = torch.randperm(cfg.num_critics, device=self.device)[:cfg.num_target_critics]
+        next_q = self.critic_target(next_obs, next_action, members)  # (M, B)
         soft_value = next_q.min(0).values - alpha * next_log_prob
         return batch["reward"] + batch["discount"] * (~batch["terminated"]) * soft_value
+
+    def critic_loss(self, obs: torch.Tensor, batch: dict[str, torch.Tensor],
+                    alpha: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The critics' loss of step 1 for features ``obs`` (B, obs_dim) and the TD errors (E, B)."""
+        td_error = self.critic(obs, batch["action"]) - self.td_target(batch, alpha)  # (E, B)
+        return self.weighted_mean(td_error.square().sum(0), batch), td_error.detach()
+
+    def actor_loss(self, obs: torch.Tensor, alpha: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The actor's loss of step 2 and the log-probabilities (B,) of its reparameterised actions."""
+        action, log_prob = self.actor.sample(obs)
+        q = self.critic(obs, action, frozen=True)  # gradients reach the action, not the critics
+        value = q.min(0).values if self.config.actor_reduce == "min" else q.mean(0)
+        return (alpha * log_prob - value).mean(), log_prob.detach()
 
     def update_once(self, batch: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         """One gradient step of critics, actor and alpha on a sampled batch (B, ...)."""
@@ -122,25 +161,52 @@ class SAC(OffPolicyAgent):
         obs = self.features(batch["obs"])
         alpha = self.log_alpha.exp().detach()
         # 1. critic
-        td_error = self.critic(obs, batch["action"]) - self.td_target(batch, alpha)  # (E, B)
-        critic_loss = self.weighted_mean(td_error.square().sum(0), batch)
+        critic_loss, td_error = self.critic_loss(obs, batch, alpha)
         self.optimize(self.critic_optimizer, critic_loss)
         self.soft_update(self.critic_target, self.critic, cfg.tau)
         self.critic_updates += 1
-        stats = {"loss/critic": critic_loss.detach(), "alpha": alpha}
+        due: torch.Tensor | None = None
         if cfg.modsac:
             self._critic_loss_ema.lerp_(critic_loss.detach() / cfg.num_critics, 0.005)
-            fit = math.exp(-self.critic_loss_avg ** 2)
-            if self.actor_updates >= self.critic_updates / (2.0 - fit):
-                return stats, td_error.detach().abs().mean(0)
+            fit = torch.exp(-self._critic_loss_seen.square())  # lambda, in float64 as the schedule's counters
+            due = (self._actor_updates < self.critic_updates / (2.0 - fit)).squeeze(0)  # a bool on the device
+            saved = self._actor_state()
         # 2. actor (gradients reach the actor's parameters only)
-        action, log_prob = self.actor.sample(obs)
-        q = self.critic(obs, action)
-        actor_loss = (alpha * log_prob - (q.min(0).values if cfg.actor_reduce == "min" else q.mean(0))).mean()
+        actor_loss, log_prob = self.actor_loss(obs, alpha)
         self.optimize(self.actor_optimizer, actor_loss, list(self.actor.parameters()))
-        self.actor_updates += 1
         # 3. entropy coefficient
-        alpha_loss = -(self.log_alpha * (log_prob.detach() + self.target_entropy)).mean()
+        alpha_loss = -(self.log_alpha * (log_prob + self.target_entropy)).mean()
         self.optimize(self.alpha_optimizer, alpha_loss)
-        stats.update({"loss/actor": actor_loss.detach(), "policy/entropy": -log_prob.detach().mean()})
-        return stats, td_error.detach().abs().mean(0)
+        actor_stats = torch.stack([actor_loss.detach(), -log_prob.mean()])
+        if due is None:
+            self._actor_updates += 1
+            self._actor_stats = actor_stats
+        else:  # undo the actor and alpha steps that ModSAC's schedule did not call for
+            self._restore_where_not(due, saved)
+            self._actor_updates += due
+            self._actor_stats = torch.where(due, actor_stats, self._actor_stats)
+        stats = {"loss/critic": critic_loss.detach(), "alpha": alpha, "loss/actor": self._actor_stats[0],
+                 "policy/entropy": self._actor_stats[1]}
+        return stats, td_error.abs().mean(0)
+
+    def _actor_tensors(self) -> list[torch.Tensor]:
+        """The actor's and alpha's parameters and their optimizers' state tensors (created if not yet stepped)."""
+        tensors: list[torch.Tensor] = [*self.actor.parameters(), self.log_alpha]
+        for optimizer in (self.actor_optimizer, self.alpha_optimizer):
+            for group in optimizer.param_groups:
+                for p in group["params"]:
+                    state = optimizer.state[p]
+                    if not state:  # as Adam creates them at its first step, so that a restored state is fresh
+                        state.update(step=torch.zeros((), dtype=torch.float32, device=p.device),
+                                     exp_avg=torch.zeros_like(p, memory_format=torch.preserve_format),
+                                     exp_avg_sq=torch.zeros_like(p, memory_format=torch.preserve_format))
+                    tensors += [v for v in state.values() if isinstance(v, torch.Tensor)]
+        return tensors
+
+    def _actor_state(self) -> list[torch.Tensor]:
+        return [t.detach().clone() for t in self._actor_tensors()]
+
+    @torch.no_grad()
+    def _restore_where_not(self, due: torch.Tensor, saved: list[torch.Tensor]) -> None:
+        for tensor, old in zip(self._actor_tensors(), saved, strict=True):
+            tensor.copy_(torch.where(due, tensor, old))

@@ -43,6 +43,8 @@ class DiscreteSAC(OffPolicyAgent):
 
     config_cls = DiscreteSACConfig
     continuous = False
+    compiled_methods = ("act", "critic_loss", "actor_loss")
+    """The pure functions :func:`jaderl.accel.accelerate` compiles (the optimizer steps stay eager)."""
     config: DiscreteSACConfig
 
     def __init__(self, config: DiscreteSACConfig, env: VecEnv, device: torch.device) -> None:
@@ -74,28 +76,37 @@ class DiscreteSAC(OffPolicyAgent):
         soft_value = (log_p.exp() * (next_q - alpha * log_p)).sum(-1)
         return batch["reward"] + batch["discount"] * (~batch["terminated"]) * soft_value
 
-    def update_once(self, batch: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-        cfg = self.config
-        obs = self.features(batch["obs"])
-        alpha = self.log_alpha.exp().detach()
-        # 1. critic: Q of the actions taken, every member at once
-        q_all = self.critic(obs)  # (E, B, A)
-        index = batch["action"].long().view(1, -1, 1).expand(cfg.num_critics, -1, 1)
+    def critic_loss(self, obs: torch.Tensor, batch: dict[str, torch.Tensor],
+                    alpha: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The critics' loss of step 1 for features ``obs`` (B, obs_dim) and the TD errors (E, B)."""
+        q_all = self.critic(obs)  # (E, B, A): Q of every action, every member at once
+        index = batch["action"].long().view(1, -1, 1).expand(self.config.num_critics, -1, 1)
         td_error = q_all.gather(-1, index).squeeze(-1) - self.td_target(batch, alpha)  # (E, B)
-        critic_loss = self.weighted_mean(td_error.square().sum(0), batch)
-        self.optimize(self.critic_optimizer, critic_loss)
-        self.soft_update(self.critic_target, self.critic, cfg.tau)
-        # 2. actor: exact expectation over actions under the (just updated) critics
+        return self.weighted_mean(td_error.square().sum(0), batch), td_error.detach()
+
+    def actor_loss(self, obs: torch.Tensor, alpha: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The actor's loss of step 2 (an exact expectation over actions) and the policy's entropy (B,)."""
         log_p = F.log_softmax(self.actor.net(obs), -1)
         probs = log_p.exp()
         with torch.no_grad():
             q = self.critic(obs).min(0).values  # (B, A)
         actor_loss = (probs * (alpha * log_p - q)).sum(-1).mean()
+        return actor_loss, -(probs * log_p).sum(-1).detach()
+
+    def update_once(self, batch: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        cfg = self.config
+        obs = self.features(batch["obs"])
+        alpha = self.log_alpha.exp().detach()
+        # 1. critic
+        critic_loss, td_error = self.critic_loss(obs, batch, alpha)
+        self.optimize(self.critic_optimizer, critic_loss)
+        self.soft_update(self.critic_target, self.critic, cfg.tau)
+        # 2. actor, under the (just updated) critics
+        actor_loss, entropy = self.actor_loss(obs, alpha)
         self.optimize(self.actor_optimizer, actor_loss)
         # 3. entropy coefficient
-        entropy = -(probs * log_p).sum(-1).detach()
         alpha_loss = (self.log_alpha * (entropy - self.target_entropy)).mean()
         self.optimize(self.alpha_optimizer, alpha_loss)
         stats = {"loss/critic": critic_loss.detach(), "loss/actor": actor_loss.detach(), "alpha": alpha,
                  "policy/entropy": entropy.mean()}
-        return stats, td_error.detach().abs().mean(0)
+        return stats, td_error.abs().mean(0)

@@ -70,6 +70,8 @@ class TD3(OffPolicyAgent):
     config_cls = TD3Config
     discrete = False
     counters = (*OffPolicyAgent.counters, "num_updates")
+    compiled_methods = ("act", "critic_loss", "actor_loss")
+    """The pure functions :func:`jaderl.accel.accelerate` compiles (the optimizer steps stay eager)."""
     config: TD3Config
 
     def __init__(self, config: TD3Config, env: VecEnv, device: torch.device) -> None:
@@ -82,7 +84,7 @@ class TD3(OffPolicyAgent):
         self.critic_optimizer = self.adam([*self.encoder_parameters(), *self.critic.parameters()], lr=config.lr)
         self.num_updates = 0  # critic steps taken; the actor steps on every policy_delay-th
         self.ou_noise = torch.zeros(self.num_envs, self.action_dim, device=device)  # (N, action_dim)
-        self.actor_loss: torch.Tensor | None = None  # the latest, reported between delayed actor steps
+        self.actor_loss_value: torch.Tensor | None = None  # the latest, reported between delayed actor steps
 
     def act(self, obs: torch.Tensor, deterministic: bool = False) -> torch.Tensor:
         """mu(obs): the policy is deterministic either way; ``explore_action`` adds the exploration noise."""
@@ -135,25 +137,35 @@ class TD3(OffPolicyAgent):
         next_q = self.critic_target(next_obs, self.target_action(next_obs)).min(0).values
         return batch["reward"] + batch["discount"] * (~batch["terminated"]) * next_q
 
+    def critic_loss(self, obs: torch.Tensor,
+                    batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The critics' loss of step 1 (importance-weighted under prioritized replay) for features ``obs``
+        (B, obs_dim), their values Q_i(s, a) (E, B) and the TD errors (E, B)."""
+        q = self.critic(obs, batch["action"])  # (E, B)
+        td_error = q - self.td_target(batch)
+        return self.weighted_mean(td_error.square().sum(0), batch), q.detach(), td_error.detach()
+
+    def actor_loss(self, obs: torch.Tensor) -> torch.Tensor:
+        """-Q_1(s, mu(s)): the first critic only, as a constant (gradients reach the actor's actions)."""
+        return -self.critic(obs, self.actor(obs), members=0, frozen=True).mean()
+
     def update_once(self, batch: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         """One critic step on a sampled batch (B, ...); the actor and targets step when ``policy_delay`` says so.
         Returns the statistics and the TD errors (B,) (mean over critics) for prioritized replay."""
         cfg = self.config
         obs = self.features(batch["obs"])
         # 1. critics (importance-weighted under prioritized replay)
-        q = self.critic(obs, batch["action"])  # (E, B)
-        td_error = q - self.td_target(batch)  # (E, B)
-        critic_loss = self.weighted_mean(td_error.square().sum(0), batch)
+        critic_loss, q, td_error = self.critic_loss(obs, batch)
         self.optimize(self.critic_optimizer, critic_loss)
         self.num_updates += 1
         # 2. delayed actor (gradients reach the actor's parameters only) and targets
         if self.num_updates % cfg.policy_delay == 0:
-            actor_loss = -self.critic(obs, self.actor(obs))[0].mean()
+            actor_loss = self.actor_loss(obs)
             self.optimize(self.actor_optimizer, actor_loss, list(self.actor.parameters()))
             self.soft_update(self.actor_target, self.actor, cfg.tau)
             self.soft_update(self.critic_target, self.critic, cfg.tau)
-            self.actor_loss = actor_loss.detach()
-        stats = {"loss/critic": critic_loss.detach(), "q/mean": q.detach().mean()}
-        if self.actor_loss is not None:
-            stats["loss/actor"] = self.actor_loss
-        return stats, td_error.detach().abs().mean(0)
+            self.actor_loss_value = actor_loss.detach()
+        stats = {"loss/critic": critic_loss.detach(), "q/mean": q.mean()}
+        if self.actor_loss_value is not None:
+            stats["loss/actor"] = self.actor_loss_value
+        return stats, td_error.abs().mean(0)

@@ -12,6 +12,7 @@ An algorithm subclasses :class:`Agent`, builds its networks and optimizers in ``
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import torch
@@ -59,6 +60,8 @@ class Agent:
         self.last_obs: torch.Tensor | None = None
         self._episode = torch.zeros(2, env.num_envs, device=device)  # running return, length
         self._finished = torch.zeros(3, device=device)  # count, summed return, summed length
+        self.grad_hook: Callable[[list[nn.Parameter]], None] | None = None
+        """Called by ``optimize`` between backward and clipping (data-parallel learners average gradients there)."""
 
     # --- the verbs ---
     def act(self, obs: torch.Tensor, deterministic: bool = False) -> torch.Tensor:
@@ -140,6 +143,8 @@ class Agent:
         params = params if params is not None else [p for g in optimizer.param_groups for p in g["params"]]
         optimizer.zero_grad(set_to_none=True)
         loss.backward(inputs=params)
+        if self.grad_hook is not None:
+            self.grad_hook(params)
         if self.config.max_grad_norm > 0:
             nn.utils.clip_grad_norm_(params, self.config.max_grad_norm, foreach=True)
         optimizer.step()

@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import time
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
+from jaderl.accel import accelerate
 from jaderl.core.agent import Agent
 from jaderl.core.checkpoint import CHECKPOINT_JSON, load_checkpoint, save_checkpoint
 from jaderl.core.config import Config, ConfigError
@@ -41,6 +43,22 @@ class TrainResult:
     run_dir: str
 
 
+class Coordinator(Protocol):
+    """Makes ``train`` one of several data-parallel learners (implemented by :mod:`jaderl.parallel.ddp`)."""
+
+    is_main: bool
+    """Whether this learner evaluates and reports; every learner checkpoints into its own ``config.run_dir``."""
+
+    def attach(self, agent: Agent) -> None:
+        """Give ``agent`` the same state as every other learner's and average its gradients from now on."""
+
+    def after_update(self, agent: Agent) -> None:
+        """Count the other learners' env steps in ``agent.steps`` and merge state learned outside gradients."""
+
+    def agree(self, reason: str) -> str:
+        """The stop reason of the main learner, the same on every learner."""
+
+
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -54,7 +72,8 @@ def prepare_run_dir(config: Config, resume: bool) -> Path:
         return Path(config.run_dir)
     if not config.run_dir:
         stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-        name = f"{config.algo or 'agent'}-{config.env.replace('/', '_')}-s{config.seed}-{stamp}"
+        env = re.sub(r"[^\w.-]+", "_", config.env)[:64]  # ids may hold paths and options (`?csv=...`)
+        name = f"{config.algo or 'agent'}-{env}-s{config.seed}-{stamp}"
         config.run_dir = str(Path("runs") / name)
     run_dir = Path(config.run_dir)
     if run_dir.exists() and any(run_dir.iterdir()):
@@ -65,8 +84,10 @@ def prepare_run_dir(config: Config, resume: bool) -> Path:
 
 
 def train(config: Config, agent_cls: type[Agent], resume: bool = False,
-          progress: Callable[[dict[str, Any]], None] | None = None) -> TrainResult:
-    """Train ``agent_cls`` as ``config`` says, in this process; returns the run's summary."""
+          progress: Callable[[dict[str, Any]], None] | None = None,
+          coordinator: Coordinator | None = None) -> TrainResult:
+    """Train ``agent_cls`` as ``config`` says, in this process; returns the run's summary. With a ``coordinator``,
+    this process is one of several learners and ``config.run_dir`` must already exist."""
     torch.set_num_threads(config.num_threads)
     device = resolve_device(config.device)
     torch.manual_seed(config.seed)
@@ -76,8 +97,9 @@ def train(config: Config, agent_cls: type[Agent], resume: bool = False,
         env.close()
         raise ConfigError(f"{config.algo or agent_cls.__name__} does not support the {kind} actions of {config.env}; "
                           "run `jaderl algos` to see which algorithms do")
-    run_dir = prepare_run_dir(config, resume)
+    run_dir = prepare_run_dir(config, resume) if coordinator is None else Path(config.run_dir)
     agent = agent_cls(config, env, device)
+    accelerate(agent)  # config.compile: compiled act and loss functions, eager fallback
     buffer = agent.make_buffer()
     counters: dict[str, Any] = {"time_s": 0.0, "next_eval": config.eval_every,
                                 "next_checkpoint": config.checkpoint_every}
@@ -91,6 +113,8 @@ def train(config: Config, agent_cls: type[Agent], resume: bool = False,
             torch.cuda.set_rng_state(state["rng"]["cuda"], device)
         if getattr(env, "generator", None) is not None and state["rng"].get("env") is not None:
             env.generator.set_state(state["rng"]["env"].to(env.generator.get_state().device))
+    if coordinator is not None:
+        coordinator.attach(agent)
     config.save_yaml(run_dir / "config.yaml")
     eval_env = make_env(config.env, config.eval_episodes, device, seed=config.seed + 1)
     evaluator = Evaluator(eval_env, run_dir, seed=config.seed + 1, resume_step=agent.steps if resume else None)
@@ -112,6 +136,8 @@ def train(config: Config, agent_cls: type[Agent], resume: bool = False,
             traj = agent.explore(env, config.horizon)
             buffer.add(traj)
             stats = agent.update(buffer) or stats
+            if coordinator is not None:
+                coordinator.after_update(agent)
             counters["time_s"] = time.perf_counter() - start
             # 2. decide whether to stop (the evaluation below may also stop it)
             if agent.steps >= config.total_steps:
@@ -122,13 +148,15 @@ def train(config: Config, agent_cls: type[Agent], resume: bool = False,
                 reason = "stop_file"
                 (run_dir / "stop").unlink()
             # 3. evaluate and log (the only host syncs of the loop)
-            if agent.steps >= counters["next_eval"] or reason:
+            if (coordinator is None or coordinator.is_main) and (agent.steps >= counters["next_eval"] or reason):
                 counters["next_eval"] = (agent.steps // config.eval_every + 1) * config.eval_every
                 logged = _to_floats(stats, agent.steps) | agent.episode_stats()
                 last_eval = evaluator.evaluate(agent, agent.steps, counters["time_s"], logged)["eval_return_mean"]
                 counters["time_s"] = time.perf_counter() - start  # the evaluation counts as training time
                 if config.target_return is not None and last_eval >= config.target_return:
                     reason = "solved"
+            if coordinator is not None:
+                reason = coordinator.agree(reason)
             # 4. checkpoint
             if agent.steps >= counters["next_checkpoint"] or reason:
                 counters["next_checkpoint"] = (agent.steps // config.checkpoint_every + 1) * config.checkpoint_every

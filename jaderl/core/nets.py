@@ -16,8 +16,8 @@ def mlp(sizes: Sequence[int], activation: type[nn.Module] = nn.ReLU, out_gain: f
     layers: list[nn.Module] = []
     for i in range(len(sizes) - 1):
         layers.append(nn.Linear(sizes[i], sizes[i + 1]))
-        if i < len(sizes) - 2:
-            layers.append(activation())
+        if i < len(sizes) - 2:  # ReLU in place: a Linear's backward needs its input, not its output
+            layers.append(nn.ReLU(inplace=True) if activation is nn.ReLU else activation())
     if out_gain is not None:
         nn.init.orthogonal_(layers[-1].weight, out_gain)
         nn.init.zeros_(layers[-1].bias)
@@ -110,11 +110,13 @@ class TanhGaussianActor(nn.Module):
     def sample(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Reparameterised action (B, action_dim) and its log-probability (B,)."""
         mean, log_std = self.net(obs).chunk(2, -1)
-        std = log_std.clamp(-5.0, 2.0).exp()
-        u = mean + std * torch.randn_like(mean)
-        # log N(u) - log|d tanh(u)/du|, the latter written stably as 2(log 2 - u - softplus(-2u))
-        log_prob = (-0.5 * ((u - mean) / std).square() - std.log() - 0.5 * math.log(2 * math.pi)
-                    - 2.0 * (math.log(2.0) - u - F.softplus(-2.0 * u))).sum(-1)
+        log_std = log_std.clamp(-5.0, 2.0)
+        noise = torch.randn_like(mean)
+        u = mean + log_std.exp() * noise
+        # log N(u) - log|d tanh(u)/du| with (u - mean) / std = noise, the Jacobian term written stably as
+        # 2(log 2 - u - softplus(-2u))
+        log_prob = (-0.5 * noise.square() - log_std - (0.5 * math.log(2 * math.pi) + 2.0 * math.log(2.0))
+                    + 2.0 * (u + F.softplus(-2.0 * u))).sum(-1)
         return torch.tanh(u), log_prob
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
@@ -130,8 +132,15 @@ class EnsembleLinear(nn.Module):
         self.weight = nn.Parameter(torch.empty(num, in_features, out_features).uniform_(-bound, bound))
         self.bias = nn.Parameter(torch.empty(num, 1, out_features).uniform_(-bound, bound))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.baddbmm(self.bias, x, self.weight)
+    def forward(self, x: torch.Tensor, members: int | torch.Tensor | None = None, frozen: bool = False) -> torch.Tensor:
+        """(E, B, out) for inputs (E, B, in); with ``members`` (one index, or a tensor of M indices) only those
+        members' layers (1 or M leading); ``frozen`` lets no gradient reach the weights (it still reaches ``x``)."""
+        weight, bias = (self.weight.detach(), self.bias.detach()) if frozen else (self.weight, self.bias)
+        if isinstance(members, int):
+            weight, bias = weight[members:members + 1], bias[members:members + 1]
+        elif members is not None:
+            weight, bias = weight.index_select(0, members), bias.index_select(0, members)
+        return torch.baddbmm(bias, x, weight)
 
 
 class EnsembleQ(nn.Module):
@@ -144,13 +153,18 @@ class EnsembleQ(nn.Module):
         self.num = num
         self.layers = nn.ModuleList(EnsembleLinear(num, sizes[i], sizes[i + 1]) for i in range(len(sizes) - 1))
 
-    def forward(self, obs: torch.Tensor, action: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, obs: torch.Tensor, action: torch.Tensor | None = None,
+                members: int | torch.Tensor | None = None, frozen: bool = False) -> torch.Tensor:
+        """Every member's values, or only those of ``members`` (one index: leading size 1; a tensor of M indices:
+        M), computing nothing for the others; ``frozen=True`` evaluates the critics as constants (an actor's
+        objective), so no gradient or backward work goes to their weights."""
         x = obs if action is None else torch.cat([obs, action], -1)
-        x = x.expand(self.num, -1, -1)  # (E, B, in): the same input for every member, no copy
+        num = self.num if members is None else 1 if isinstance(members, int) else members.shape[0]
+        x = x.expand(num, -1, -1)  # (E, B, in): the same input for every member, no copy
         for i, layer in enumerate(self.layers):
-            x = layer(x)
+            x = layer(x, members, frozen)
             if i < len(self.layers) - 1:
-                x = F.relu(x)
+                x = F.relu(x, inplace=True)  # baddbmm's backward needs its inputs, not its output
         return x.squeeze(-1) if x.shape[-1] == 1 and action is not None else x
 
 

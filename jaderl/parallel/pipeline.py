@@ -17,11 +17,12 @@ version number; a worker reloads when the version changed (no pickling of weight
 ``torch.multiprocessing`` queues, which move tensors through shared memory as well.
 
 Robustness: processes are started with ``forkserver`` (safe with threads and CUDA: they fork from a clean server
-process that never touched either, and preloads jaderl so they start in a fraction of a second). A worker or the evaluator that raises
-reports its error, one that dies is noticed by its exit code; either way the learner saves a checkpoint, stops the
-other processes and raises :class:`WorkerError` naming the process within about a second. Ctrl-C (workers ignore
-SIGINT; the learner handles it) and a ``stop`` file end every process after a last checkpoint. Workers also exit
-by themselves when the learner disappears. A run resumes from its checkpoints like a single-process one.
+process that never touched either and has imported jaderl, so each starts in a fraction of a second). A worker or
+the evaluator that raises reports its error, one that dies is noticed by its exit code; either way the learner saves
+a checkpoint, stops the other processes and raises :class:`WorkerError` naming the process within about a second.
+Ctrl-C (workers ignore SIGINT; the learner handles it) and a ``stop`` file end every process after a last
+checkpoint. Workers also exit by themselves when the learner disappears. A run resumes from its checkpoints like a
+single-process one.
 
 Workers and the evaluator act on the CPU; the learner uses ``config.device``.
 """
@@ -42,6 +43,7 @@ from typing import Any
 import torch
 import torch.multiprocessing as tmp
 
+from jaderl.accel import accelerate
 from jaderl.core.agent import Agent
 from jaderl.core.checkpoint import load_checkpoint, save_checkpoint
 from jaderl.core.config import Config, ConfigError
@@ -327,6 +329,7 @@ def train_pipeline(config: Config, agent_cls: type[Agent], resume: bool = False,
                           "run `jaderl algos` to see which algorithms do")
     run_dir = prepare_run_dir(config, resume)
     agent = agent_cls(config, spaces, device)  # type: ignore[arg-type]  # an agent reads only the spaces
+    accelerate(agent)  # config.compile: the learner's act and loss functions (explorers stay eager)
     buffer = agent.make_buffer()
     counters: dict[str, Any] = {"time_s": 0.0, "next_eval": config.eval_every,
                                 "next_checkpoint": config.checkpoint_every}

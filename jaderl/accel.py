@@ -1,0 +1,129 @@
+"""Optional compiled paths: ``torch.compile`` for an agent's act and loss functions, CUDA graphs on GPU.
+
+:func:`accelerate` (applied by the training loop when ``config.compile`` is true) replaces the methods an algorithm
+lists in ``compiled_methods`` (by default ``act``) with compiled versions on that agent instance:
+
+* what is compiled are pure functions: ``act`` (and ``explore_action`` of on-policy agents) and the loss functions
+  that ``update_once`` / ``update`` call (SAC's ``critic_loss`` and ``actor_loss``, PPO's ``minibatch_loss`` ...).
+  Their backward passes are compiled with them; the optimizer steps, target updates and counters stay in eager
+  Python (fused Adam is one kernel already), so no Python state is baked into a compiled graph.
+* on CUDA the mode is ``reduce-overhead``: each compiled function runs as a captured CUDA graph. Outputs are copied
+  out of the graph's memory pool, so statistics kept across calls are not overwritten by the next replay.
+* random numbers: Inductor is told to call the same random kernels as eager mode (``fallback_random``), so a
+  compiled and an eager run draw the same numbers from a seed; results agree up to floating-point rounding.
+* fallback: if compiling fails (no C++ compiler, an unsupported operation), one warning names the cause and the
+  agent continues in eager mode. The failed call is repeated eagerly from the random state it started with; the
+  compiled functions change no other state, so the run goes on exactly as an eager one would.
+
+Whether compiling pays depends on the device and the network size: it removes Python and kernel-launch overhead,
+which dominates small networks (on GPU always; on a CPU for networks of a few dozen units, like PPO's [64, 64]),
+while for networks of a few hundred units on a CPU the matrix products dominate and compiled code can even be
+slower (SAC's [256, 256]); the ppo and sac sections of ``benchmarks/throughput.py`` measure both with and without.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from jaderl.core.agent import Agent
+
+__all__ = ["accelerate", "compiled_mode"]
+
+
+def compiled_mode(device: torch.device) -> str | None:
+    """The ``torch.compile`` mode for ``device``: CUDA graphs on GPU, Inductor's default elsewhere."""
+    return "reduce-overhead" if device.type == "cuda" else None
+
+
+def accelerate(agent: Agent) -> bool:
+    """Compile ``agent``'s ``compiled_methods`` in place when ``agent.config.compile`` is true.
+
+    Returns whether compiled versions were installed (False when compiling is off or torch cannot compile here;
+    the latter with a warning). Compilation itself happens at the first call of each function, and a failure
+    then falls back to eager mode as the module docstring describes.
+    """
+    if not getattr(agent.config, "compile", False):
+        return False
+    if not hasattr(torch, "compile") or not torch._dynamo.is_dynamo_supported():
+        warnings.warn("torch.compile is not supported by this Python or torch build; running in eager mode",
+                      RuntimeWarning, stacklevel=2)
+        return False
+    import torch._inductor.config as inductor_config
+
+    inductor_config.fallback_random = True  # the same random kernels as eager mode: same samples for a seed
+    state = _Fallback(agent)
+    mode = compiled_mode(agent.device)
+    for name in getattr(agent, "compiled_methods", ("act",)):
+        eager = getattr(agent, name)
+        setattr(agent, name, _CompiledMethod(name, eager, mode, agent.device, state))
+    return True
+
+
+class _Fallback:
+    """Shared by one agent's compiled methods: once one fails to compile, all of them run eagerly."""
+
+    def __init__(self, agent: Agent) -> None:
+        self.agent_name = type(agent).__name__
+        self.failed = False
+
+    def fail(self, name: str, exc: BaseException) -> None:
+        if not self.failed:
+            lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+            message = " ".join(lines[:2]) if len(lines) > 1 and lines[0].endswith(":") else " ".join(lines[:1])
+            cause = type(exc).__name__ + (f": {message[:300]}" if message else "")
+            warnings.warn(f"torch.compile failed on {self.agent_name}.{name} ({cause}); continuing in eager mode",
+                          RuntimeWarning, stacklevel=3)
+        self.failed = True
+
+
+class _CompiledMethod:
+    """A bound method and its compiled version; calls the compiled one until compiling fails."""
+
+    def __init__(self, name: str, eager: Callable[..., Any], mode: str | None, device: torch.device,
+                 fallback: _Fallback) -> None:
+        self.name, self.eager, self.device, self.fallback = name, eager, device, fallback
+        self.cuda_graphs = mode == "reduce-overhead"
+        self.compiled = torch.compile(eager, mode=mode, dynamic=False)
+        functools.update_wrapper(self, eager)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.fallback.failed:
+            return self.eager(*args, **kwargs)
+        rng = _rng_state(self.device)
+        try:
+            if self.cuda_graphs:
+                torch.compiler.cudagraph_mark_step_begin()  # the previous replay's outputs were copied out
+                return _copy_out(self.compiled(*args, **kwargs))
+            return self.compiled(*args, **kwargs)
+        except Exception as exc:  # compile errors surface at the first call of each new input signature
+            _set_rng_state(self.device, rng)
+            self.fallback.fail(self.name, exc)
+            return self.eager(*args, **kwargs)
+
+
+def _rng_state(device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The CPU generator's state and, on CUDA, the device generator's (its seed and offset, held on the host)."""
+    return torch.get_rng_state(), torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+
+
+def _set_rng_state(device: torch.device, state: tuple[torch.Tensor, torch.Tensor | None]) -> None:
+    torch.set_rng_state(state[0])
+    if state[1] is not None:
+        torch.cuda.set_rng_state(state[1], device)
+
+
+def _copy_out(value: Any) -> Any:
+    """Tensors of ``value`` (nested in tuples, lists, dicts) cloned out of a CUDA graph's memory pool."""
+    if isinstance(value, torch.Tensor):
+        return value.clone()
+    if isinstance(value, (tuple, list)):
+        return type(value)(_copy_out(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _copy_out(v) for k, v in value.items()}
+    return value

@@ -1,0 +1,135 @@
+"""Compiled paths (jaderl.accel): compiled and eager agents agree, a failing compiler falls back to eager mode with
+one warning and identical results, and training with ``compile=True`` runs."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from jaderl.accel import accelerate
+from jaderl.algos import PPO, SAC
+from jaderl.api import make_config, train
+from jaderl.core.agent import Agent
+from jaderl.envs import make_env
+
+
+def _agent(cls: type[Agent], algo: str, env_id: str, compile_: bool, **settings: Any) -> tuple[Agent, Any]:
+    torch.manual_seed(0)
+    config = make_config(algo, env_id, hidden=[16, 16], compile=compile_, **settings)
+    env = make_env(env_id, 4, "cpu", seed=0)
+    agent = cls(config, env, torch.device("cpu"))
+    buffer = agent.make_buffer()
+    buffer.add(agent.explore(env, 8))
+    accelerate(agent)
+    return agent, buffer
+
+
+def _sac_pair(**settings: Any) -> tuple[SAC, SAC, list[dict[str, torch.Tensor]]]:
+    settings = {"warmup_steps": 0, "batch_size": 8, "buffer_size": 64, **settings}
+    eager, buffer = _agent(SAC, "sac", "jaderl/Pendulum-v1", False, **settings)
+    compiled, _ = _agent(SAC, "sac", "jaderl/Pendulum-v1", True, **settings)
+    torch.manual_seed(1)
+    return eager, compiled, [buffer.sample(8) for _ in range(3)]  # type: ignore[return-value]
+
+
+def _updates(agent: SAC, batches: list[dict[str, torch.Tensor]]) -> list[dict[str, float]]:
+    stats = []
+    for i, batch in enumerate(batches):
+        torch.manual_seed(i)
+        stats.append({k: float(v) for k, v in agent.update_once(batch)[0].items()})
+    return stats
+
+
+def test_accelerate_does_nothing_unless_asked() -> None:
+    agent, _ = _agent(SAC, "sac", "jaderl/Pendulum-v1", False)
+    assert not accelerate(agent) and "act" not in vars(agent)
+
+
+def test_compiled_act_draws_the_same_actions_as_eager() -> None:
+    eager, compiled, batches = _sac_pair()
+    assert "act" in vars(compiled) and "act" not in vars(eager)
+    obs = batches[0]["obs"]
+    for deterministic in (False, True):
+        torch.manual_seed(5)
+        expected = eager.act(obs, deterministic)
+        torch.manual_seed(5)
+        torch.testing.assert_close(compiled.act(obs, deterministic), expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_compiled_sac_and_ppo_updates_match_eager() -> None:
+    eager, compiled, batches = _sac_pair()
+    for want, got in zip(_updates(eager, batches), _updates(compiled, batches), strict=True):
+        assert got == pytest.approx(want, rel=1e-4, abs=1e-6)
+    for a, b in zip(eager.actor.parameters(), compiled.actor.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+    stats = []
+    for compile_ in (False, True):
+        agent, buffer = _agent(PPO, "ppo", "jaderl/CartPole-v1", compile_, horizon=8, minibatch_size=16,
+                               num_epochs=2)
+        torch.manual_seed(2)
+        stats.append({k: float(v) for k, v in agent.update(buffer).items()})
+    assert stats[1] == pytest.approx(stats[0], rel=1e-4, abs=1e-6)
+
+
+def test_a_failing_compiler_falls_back_to_eager_with_one_warning(monkeypatch: pytest.MonkeyPatch) -> None:
+    eager, _, batches = _sac_pair()
+
+    def broken_compile(fn: Any, **kwargs: Any) -> Any:
+        def compiled(*args: Any, **kw: Any) -> Any:
+            torch.randn(100)  # a failure after random numbers were drawn: the fallback must restore them
+            raise RuntimeError("InvalidCxxCompiler: no working C++ compiler found")
+
+        return compiled
+
+    monkeypatch.setattr(torch, "compile", broken_compile)
+    fallback, _ = _agent(SAC, "sac", "jaderl/Pendulum-v1", True, warmup_steps=0, batch_size=8, buffer_size=64)
+    with pytest.warns(RuntimeWarning, match=r"torch.compile failed on SAC\.critic_loss .*C\+\+ compiler.*eager"):
+        got = _updates(fallback, batches)
+    assert got == _updates(eager, batches)  # bit for bit: the eager code ran from the same random state
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # warned once, not again
+        _updates(fallback, batches)
+        obs = batches[0]["obs"]
+        torch.manual_seed(5)
+        expected = SAC.act(fallback, obs)
+        torch.manual_seed(5)
+        assert torch.equal(fallback.act(obs), expected)
+
+
+@pytest.fixture
+def fresh_dynamo() -> Iterator[None]:
+    """No code compiled by earlier tests (which a new agent would reuse without compiling), none left behind."""
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.mark.usefixtures("fresh_dynamo")
+def test_a_missing_cxx_compiler_falls_back_to_eager() -> None:
+    import torch._functorch.config as functorch_config
+    import torch._inductor.config as inductor_config
+
+    eager, _, batches = _sac_pair()
+    fallback, _ = _agent(SAC, "sac", "jaderl/Pendulum-v1", True, warmup_steps=0, batch_size=8, buffer_size=64)
+    # no cached graph either: it would need no compiler
+    with (inductor_config.patch(fx_graph_cache=False, **{"cpp.cxx": ("/nonexistent/g++",)}),
+          functorch_config.patch(enable_autograd_cache=False),
+          pytest.warns(RuntimeWarning, match=r"torch.compile failed on SAC\.critic_loss .*compiler.*eager mode")):
+        got = _updates(fallback, batches)
+    assert got == _updates(eager, batches)
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("fresh_dynamo")
+def test_training_with_compile_runs(tmp_path: Path, tiny_ppo: Any) -> None:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = train("ppo", "jaderl/CartPole-v1", run_dir=str(tmp_path / "run"), compile=True, **tiny_ppo())
+    assert result.steps == 512 and result.stop_reason == "total_steps"
+    assert not [str(w.message) for w in caught if "torch.compile failed" in str(w.message)]  # it compiled

@@ -1,0 +1,329 @@
+"""Tests of data-parallel learners (jaderl.parallel.ddp): gradient averaging and state merging against single-process
+references (in threads joined by a gloo group), then real runs of 2 learner processes with gloo on CPU: identical
+state on every learner, global step counts, checkpoint + resume, the CLI, failures reported by learner, Ctrl-C."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import io
+import json
+import os
+import shutil
+import signal
+import threading
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from jaderl.algos.ppo import PPO
+from jaderl.algos.sac import SAC
+from jaderl.api import make_config
+from jaderl.cli import main
+from jaderl.core.checkpoint import load_checkpoint
+from jaderl.core.config import ConfigError
+from jaderl.core.loop import TrainingError
+from jaderl.core.nets import ObsNorm
+from jaderl.envs import make_env
+from jaderl.parallel import ddp
+from jaderl.parallel.ddp import Learners, average_gradients, train_ddp
+from jaderl.parallel.fusion import state_tensors
+
+ENV = "jaderl/CartPole-v1"
+TINY = ["--device", "cpu", "--num-envs", "4", "--eval-episodes", "2", "--eval-every", "256", "--checkpoint-every",
+        "256", "--seed", "3", "--set", "hidden=[32,32]", "--set", "horizon=32", "--set", "minibatch_size=64",
+        "--set", "num_epochs=2"]
+TINY_PPO: dict[str, Any] = dict(num_envs=4, horizon=32, minibatch_size=64, num_epochs=2, hidden=[32, 32],
+                                eval_every=256, checkpoint_every=256, eval_episodes=2, device="cpu", seed=3,
+                                learners=2)
+
+
+# --- helpers ---
+
+def _in_threads(world: int, fn: Callable[[int, dist.ProcessGroup], Any]) -> list[Any]:
+    """``fn(rank, group)`` in ``world`` threads joined by an in-process gloo group: their results by rank."""
+    store = dist.HashStore()
+    results: list[Any] = [None] * world
+    errors: list[BaseException] = []
+
+    def run(rank: int) -> None:
+        try:
+            results[rank] = fn(rank, dist.ProcessGroupGloo(store, rank, world, timedelta(seconds=20)))
+        except BaseException as exc:  # re-raised in the test's thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(rank,)) for rank in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not any(t.is_alive() for t in threads), "a collective hung"
+    if errors:
+        raise errors[0]
+    return results
+
+
+def _cli(argv: list[str]) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(argv)
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 1
+    return code, out.getvalue(), err.getvalue()
+
+
+def _agent_tensors(run_dir: Path) -> tuple[int, list[torch.Tensor]]:
+    """The step and every agent tensor of the checkpoint in ``run_dir``."""
+    agent = load_checkpoint(run_dir)["agent"]
+    return agent["steps"], [t for k in sorted(agent) for t in _flat(agent[k])]
+
+
+def _flat(obj: Any) -> list[torch.Tensor]:
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, dict):
+        return [t for k in sorted(obj, key=str) for t in _flat(obj[k])]
+    if isinstance(obj, list):
+        return [t for v in obj for t in _flat(v)]
+    return []
+
+
+def _assert_learners_identical(run_dir: Path, learners: int = 2) -> int:
+    """Every learner's checkpointed agent equals learner 0's, tensor for tensor; returns their step."""
+    step, main_tensors = _agent_tensors(run_dir)
+    assert len(main_tensors) > 10
+    for rank in range(1, learners):
+        other_step, tensors = _agent_tensors(run_dir / f"learner-{rank}")
+        assert other_step == step
+        assert len(tensors) == len(main_tensors)
+        for a, b in zip(main_tensors, tensors, strict=True):
+            assert torch.equal(a, b)
+    return step
+
+
+# --- the pieces, in threads ---
+
+def _ppo(seed: int = 0) -> PPO:
+    config = make_config("ppo", ENV, num_envs=2, horizon=8, minibatch_size=8, hidden=[16], device="cpu", seed=seed)
+    env = make_env(ENV, 2, torch.device("cpu"), seed=0)
+    torch.manual_seed(seed)
+    agent = PPO(config, env, torch.device("cpu"))
+    env.close()
+    return agent
+
+
+def _loss(agent: PPO, obs: torch.Tensor, target: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+    """A mean over the batch touching actor and critic, so that averaging the halves' gradients is exact."""
+    x = agent.features(obs)
+    value_loss = (agent.critic(x).squeeze(-1) - target).square().mean()
+    return value_loss - agent.actor.evaluate(x, action)[0].mean()
+
+
+@pytest.mark.parametrize("bucket_bytes", [ddp.BUCKET_BYTES, 200])
+def test_averaged_steps_equal_single_process_steps_on_all_data(bucket_bytes: int,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ddp, "BUCKET_BYTES", bucket_bytes)  # 200 bytes: a bucket per tensor or two
+    reference = _ppo()
+    learners = [copy.deepcopy(reference) for _ in range(2)]
+    gen = torch.Generator().manual_seed(1)
+    data = [(torch.randn(16, 4, generator=gen) * 3, torch.randn(16, generator=gen) * 5,
+             torch.randint(2, (16,), generator=gen)) for _ in range(3)]
+    for obs, target, action in data:  # the full batch in one process: clipped (max_grad_norm=0.5), Adam-stepped
+        reference.optimize(reference.optimizer, _loss(reference, obs, target, action))
+
+    def learn(rank: int, group: dist.ProcessGroup) -> None:
+        agent = learners[rank]
+        agent.grad_hook = lambda params: average_gradients(params, group)
+        for obs, target, action in data:  # each learner sees its half of every batch
+            half = slice(8 * rank, 8 * rank + 8)
+            agent.optimize(agent.optimizer, _loss(agent, obs[half], target[half], action[half]))
+
+    _in_threads(2, learn)
+    for a, b, ref in zip(state_tensors(learners[0]), state_tensors(learners[1]), state_tensors(reference),
+                         strict=True):
+        assert torch.equal(a, b)  # learners stay bit-identical
+        torch.testing.assert_close(a, ref, rtol=1e-4, atol=1e-6)
+    assert not torch.equal(next(reference.critic.parameters()), next(_ppo().critic.parameters()))
+
+
+def _sac(seed: int) -> SAC:
+    config = make_config("modsac", "jaderl/Pendulum-v1", num_envs=2, hidden=[16], device="cpu", seed=seed,
+                         normalize_obs=True)
+    env = make_env("jaderl/Pendulum-v1", 2, torch.device("cpu"), seed=0)
+    torch.manual_seed(seed)
+    agent = SAC(config, env, torch.device("cpu"))
+    env.close()
+    return agent
+
+
+def test_coordinator_shares_state_merges_obs_norm_and_agrees() -> None:
+    agents = [_sac(seed=0), _sac(seed=1)]
+    first_actor = [p.detach().clone() for p in agents[0].actor.parameters()]
+    agents[0].critic_updates = 5  # learner 0's counters win too
+    gen = torch.Generator().manual_seed(2)
+    batches = [torch.randn(2, 10, 3, generator=gen) * (r + 1) + r for r in range(2)]  # (T, N, obs_dim) per learner
+    reference = ObsNorm((3,), True)
+    reference.update(batches[0])  # what learner 0 saw in iteration 1
+    reference.update(torch.cat(batches))  # then both learners' observations of iteration 2, as one batch
+
+    def learn(rank: int, group: dist.ProcessGroup) -> tuple[str, str]:
+        agent, coordinator = agents[rank], Learners(group)
+        coordinator.attach(agent)
+        # iteration 1: only learner 0 has observations; iteration 2: both
+        if rank == 0:
+            agent.obs_norm.update(batches[0])
+        agent.steps += 20
+        agent._critic_loss_ema.fill_(rank + 1.0)
+        coordinator.after_update(agent)
+        agent.obs_norm.update(batches[rank])
+        agent.steps += 20
+        coordinator.after_update(agent)
+        return coordinator.agree("solved" if rank == 0 else "time_limit"), coordinator.agree("")
+
+    reasons = _in_threads(2, learn)
+    assert reasons == [("solved", ""), ("solved", "")]
+    for agent in agents:
+        for p, q in zip(agent.actor.parameters(), first_actor, strict=True):
+            assert torch.equal(p, q)
+        assert agent.steps == 80 and agent.critic_updates == 5
+        assert agent._critic_loss_ema.item() == 1.5
+        for name in ("mean", "var", "count"):
+            torch.testing.assert_close(getattr(agent.obs_norm, name), getattr(reference, name))
+    for a, b in zip(state_tensors(agents[0]), state_tensors(agents[1]), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_diverging_counters_are_an_error() -> None:
+    agents = [_ppo(), _ppo()]
+
+    def learn(rank: int, group: dist.ProcessGroup) -> None:
+        coordinator = Learners(group)
+        coordinator.attach(agents[rank])
+        agents[rank].update_debt = 0.25 * rank
+        coordinator.after_update(agents[rank])
+
+    with pytest.raises(TrainingError, match="diverged: their update_debt differ"):
+        _in_threads(2, learn)
+
+
+def test_more_learners_than_gpus_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert ddp._learner_devices(make_config("ppo", ENV, learners=2, device="cuda")) == [0, 1]
+    with pytest.raises(ConfigError, match=r"learners=2 need GPUs cuda:1\.\.cuda:2 but 2 are visible"):
+        ddp._learner_devices(make_config("ppo", ENV, learners=2, device="cuda:1"))
+    assert ddp.learner_config(make_config("ppo", ENV, learners=2, device="cuda:1", run_dir="r"), 1).device == "cuda:2"
+
+
+# --- real learner processes ---
+
+@pytest.fixture(scope="module")
+def cli_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+    """A finished ModSAC run (target critics, alpha, a critic-loss average, observation normalisation) with 2
+    learners, made by ``jaderl train --learners 2 --json``, and its JSON report."""
+    run_dir = tmp_path_factory.mktemp("ddp") / "run"
+    code, out, err = _cli(["train", "modsac", "jaderl/Pendulum-v1", "--learners", "2", "--run-dir", str(run_dir),
+                           "--total-steps", "160", "--num-envs", "2", "--eval-every", "80", "--eval-episodes", "1",
+                           "--checkpoint-every", "80", "--device", "cpu", "--seed", "0", "--set", "hidden=[32]",
+                           "--set", "batch_size=32", "--set", "warmup_steps=64", "--set", "normalize_obs=true",
+                           "--json"])
+    assert code == 0, err
+    return run_dir, json.loads(out.splitlines()[-1])
+
+
+def test_cli_trains_with_two_learners(cli_run: tuple[Path, dict[str, Any]]) -> None:
+    run_dir, report = cli_run
+    # 2 learners x 2 envs x 1 step = 4 env steps per iteration, all counted
+    assert report["steps"] == 160 and report["stop_reason"] == "total_steps"
+    metrics = (run_dir / "metrics.csv").read_text().splitlines()
+    assert [line.split(",")[0] for line in metrics[1:]] == ["80", "160"]
+    assert "learners: 2" in (run_dir / "config.yaml").read_text()
+
+
+def test_learners_hold_identical_state(cli_run: tuple[Path, dict[str, Any]]) -> None:
+    run_dir = cli_run[0]
+    assert _assert_learners_identical(run_dir) == 160  # networks, targets, log_alpha, Adam states, obs_norm, counters
+    agent = load_checkpoint(run_dir)["agent"]
+    # every observation of both learners went into the one normaliser
+    assert agent["obs_norm"]["count"].item() == pytest.approx(160, abs=1e-3)
+    # warm-up (64 global steps) ends in iteration 17; then 24 iterations x 2 owed gradient steps (2 local env steps)
+    assert agent["critic_updates"] == 48 and agent["log_alpha"].item() != 0.0
+    # ... while each learner explored its own envs into its own replay buffer, with its own random streams
+    main_state, other_state = (load_checkpoint(d) for d in (run_dir, run_dir / "learner-1"))
+    main_obs, other_obs = main_state["buffer"][0]["obs"], other_state["buffer"][0]["obs"]
+    assert main_obs.shape == other_obs.shape and not torch.equal(main_obs, other_obs)
+    assert not torch.equal(main_state["rng"]["torch"], other_state["rng"]["torch"])
+
+
+def test_a_learner_without_a_matching_checkpoint_gets_learner_0s(cli_run: tuple[Path, dict[str, Any]],
+                                                                tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    shutil.copytree(cli_run[0], run_dir)
+    shutil.rmtree(run_dir / "learner-1")  # as if the run had been started with one learner
+    config = make_config("modsac", "jaderl/Pendulum-v1", run_dir=str(run_dir), learners=2)
+    ddp._prepare_learner_dirs(config, resume=True)
+    assert _assert_learners_identical(run_dir) == 160
+    main_state, copied = load_checkpoint(run_dir), load_checkpoint(run_dir / "learner-1")
+    assert torch.equal(main_state["buffer"][0]["obs"], copied["buffer"][0]["obs"])  # learner 0's replay data
+    assert not torch.equal(main_state["rng"]["torch"], copied["rng"]["torch"])  # but its own random streams
+    assert copied["config"]["seed"] == ddp.SEED_STRIDE and copied["rng"]["env"] is None
+
+
+class FailsOnLearner1(PPO):
+    """PPO whose learner 1 fails in its second update: it raises, or it is killed (``mode``)."""
+
+    mode = "raise"
+
+    def update(self, buffer: Any) -> dict[str, torch.Tensor]:
+        if dist.get_rank() == 1 and self.steps >= 512:
+            (Path(self.config.run_dir) / "failed_at").write_text(str(time.time()))
+            if self.mode == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            raise RuntimeError("injected failure")
+        return super().update(buffer)
+
+
+class KilledOnLearner1(FailsOnLearner1):
+    mode = "kill"
+
+
+@pytest.mark.parametrize(("agent_cls", "expected"), [(FailsOnLearner1, "learner 1 failed: RuntimeError: injected"),
+                                                     (KilledOnLearner1, "learner 1 was killed by SIGKILL")])
+def test_a_failing_learner_is_reported_by_name(agent_cls: type[PPO], expected: str, tmp_path: Path,
+                                               no_leftover_processes: None) -> None:
+    config = make_config("ppo", ENV, total_steps=100_000, run_dir=str(tmp_path / "run"), **TINY_PPO)
+    with pytest.raises(TrainingError, match=expected):
+        train_ddp(config, agent_cls)
+    failed_at = float((tmp_path / "run" / "learner-1" / "failed_at").read_text())
+    assert time.time() - failed_at < 10.0
+
+
+def test_ctrl_c_checkpoints_ends_every_learner_and_resumes(tmp_path: Path, no_leftover_processes: None) -> None:
+    config = make_config("ppo", ENV, total_steps=10_000_000, run_dir=str(tmp_path / "run"), **TINY_PPO)
+    seen: list[dict[str, Any]] = []
+
+    def interrupt(info: dict[str, Any]) -> None:
+        seen.append(info)
+        if len(seen) == 1:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    run_dir = tmp_path / "run"
+    result = train_ddp(config, PPO, progress=interrupt)
+    assert result.stop_reason == "interrupted" and 0 < result.steps < 10_000_000
+    assert _assert_learners_identical(run_dir) == result.steps
+    assert not (run_dir / "stop").exists()
+    assert seen[-1]["done"]
+    # `jaderl train --resume` continues the interrupted run with its 2 learners
+    code, out, err = _cli(["train", "--resume", str(run_dir), "--total-steps", str(result.steps + 512), "--json"])
+    assert code == 0, err
+    assert json.loads(out.splitlines()[-1])["steps"] == result.steps + 512
+    assert _assert_learners_identical(run_dir) == result.steps + 512
+    metrics = [int(line.split(",")[0]) for line in (run_dir / "metrics.csv").read_text().splitlines()[1:]]
+    assert metrics[-2:] == [result.steps + 256, result.steps + 512]
