@@ -42,6 +42,10 @@ Sections
               on uniform batches drawn from its ``ReplayBuffer``, exactly what ``update`` runs per owed gradient
               step. SB3: ``model.train(gradient_steps=..., batch_size=256)`` on its filled ``ReplayBuffer``. Each in
               its own subprocess, one torch thread, median of ``--repeats`` timings. Target: jaderl >= 2x SB3.
+    pipeline  PPO training env-steps/s on ``--env`` (a Gymnasium env stepped in Python) in one process with
+              ``--num-envs`` sub-envs against ``jaderl.parallel.pipeline`` with ``--workers`` explorer processes of
+              ``--num-envs / --workers`` sub-envs each (same rollout size), training time only, median of
+              ``--repeats`` runs taken round-robin. No target: it shows what explorer processes buy on this machine.
     The ppo and sac tables give rates per second of wall time (the figures the targets are about) and per CPU-second
     of the measuring process (less sensitive to other load on a shared machine; with one thread the two agree on
     an idle one). The ppo and sac sections also time jaderl with ``compile=True`` (``torch.compile`` of its act and loss
@@ -535,8 +539,44 @@ def section_sac(args: argparse.Namespace) -> None:
     print(f"load average (1 min) at end: {_load():.2f}")
 
 
+# -- section: pipeline ---------------------------------------------------------------------------------------------
+
+
+def section_pipeline(args: argparse.Namespace) -> None:
+    import tempfile
+
+    import jaderl
+
+    load_at_start = _load()
+    env, notes = _pick_env(args.env)
+    total = 8_192 if args.quick else 65_536
+    base = dict(total_steps=total, eval_every=10**9, checkpoint_every=10**9, eval_episodes=2, device="cpu",
+                hidden=[64, 64], horizon=256, minibatch_size=1024, num_epochs=4)
+    variants = {f"one process, {args.num_envs} sub-envs": dict(num_envs=args.num_envs),
+                f"--workers {args.workers}, {args.num_envs // args.workers} sub-envs each":
+                    dict(num_envs=args.num_envs // args.workers, workers=args.workers)}
+    rates: dict[str, list[float]] = {name: [] for name in variants}
+    for _ in range(args.repeats):  # round-robin, so both see the same machine
+        for name, extra in variants.items():
+            with tempfile.TemporaryDirectory() as tmp:
+                result = jaderl.train("ppo", env, run_dir=f"{tmp}/run", **base, **extra)
+            rates[name].append(result.steps / result.time_s)
+    if load_at_start > LOAD_LIMIT:
+        notes.append(f"measured under load (1-min load average {load_at_start:.2f} > {LOAD_LIMIT} at start)")
+    notes.append(f"PPO, {total:,} env steps per run, rollouts of 256 steps per sub-env, minibatch 1024, 4 epochs, "
+                 "[64, 64]; rate = env steps / training time (process start-up excluded), median of "
+                 f"{args.repeats}")
+    _header(f"pipeline: PPO training env-steps/s on {env}, one process vs explorer workers", notes, load_at_start)
+    reference = statistics.median(rates[next(iter(variants))])
+    print("| trainer | env-steps/s | / one process |\n|---|---:|---:|")
+    for name, values in rates.items():
+        print(f"| {name} | {statistics.median(values):,.0f} | {statistics.median(values) / reference:.2f}x |")
+    print(f"load average (1 min) at end: {_load():.2f}")
+
+
 SECTIONS: dict[str, Callable[[argparse.Namespace], None]] = {
     "subproc": section_subproc, "torch-envs": section_torch_envs, "ppo": section_ppo, "sac": section_sac,
+    "pipeline": section_pipeline,
 }
 
 
@@ -545,9 +585,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--section", choices=[*SECTIONS, "all"], default="all")
     parser.add_argument("--quick", action="store_true", help="small settings: a smoke check, not a measurement")
     parser.add_argument("--device", default="cpu", help="torch-envs, ppo, sac: device of jaderl's side (cpu, cuda)")
-    parser.add_argument("--env", default="HalfCheetah-v5", help="subproc: Gymnasium id")
-    parser.add_argument("--num-envs", type=int, default=8, help="subproc: sub-envs per stepper")
-    parser.add_argument("--workers", type=int, default=2, help="subproc: SubprocVecEnv workers / envpool threads")
+    parser.add_argument("--env", default="HalfCheetah-v5", help="subproc, pipeline: Gymnasium id")
+    parser.add_argument("--num-envs", type=int, default=8, help="subproc, pipeline: sub-envs per stepper / trainer")
+    parser.add_argument("--workers", type=int, default=2,
+                        help="subproc: SubprocVecEnv workers / envpool threads; pipeline: explorer workers")
     parser.add_argument("--steps", type=int, default=2000, help="subproc: batched steps per timing")
     parser.add_argument("--warmup", type=int, default=200, help="subproc: untimed batched steps first")
     parser.add_argument("--repeats", type=int, default=3, help="timings per variant (median reported)")
