@@ -17,7 +17,7 @@ Sections
               shared-memory observations), jaderl's SubprocVecEnv (``--workers`` processes, shared memory both
               ways, torch tensors out) and envpool (``num_threads=--workers``) when it is installed and has the env.
               Every variant is built once, warmed up, then timed ``--repeats`` times round-robin over ``--steps``
-              batched steps; the table gives the median. Targets from the issue: SubprocVecEnv >= 3x Async and
+              batched steps; the table gives the median. Targets: SubprocVecEnv >= 3x Async and
               >= 0.9x envpool.
     torch-envs
               env-steps/s of every torch-native env in ``jaderl.envs.TORCH_ENVS`` but the stock-trading one, at 1,
