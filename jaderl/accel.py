@@ -57,6 +57,10 @@ def accelerate(agent: Agent) -> bool:
     import torch._inductor.config as inductor_config
 
     inductor_config.fallback_random = True  # the same random kernels as eager mode: same samples for a seed
+    import torch._functorch.config as functorch_config
+
+    if hasattr(functorch_config, "force_non_lazy_backward_lowering"):  # compile backward passes with their forward,
+        functorch_config.force_non_lazy_backward_lowering = True  # so a failure there falls back to eager as well
     state = _Fallback(agent)
     mode = compiled_mode(agent.device)
     for name in getattr(agent, "compiled_methods", ("act",)):

@@ -36,6 +36,11 @@ def tiny_ppo() -> Callable[..., dict[str, Any]]:
 
 def _descendants() -> dict[int, tuple[str, str]]:
     """All descendants of this process: pid -> (state, command line), read from /proc."""
+    return {pid: (state, cmdline) for pid, (state, cmdline, _) in _process_tree().items()}
+
+
+def _process_tree() -> dict[int, tuple[str, str, int]]:
+    """All descendants of this process: pid -> (state, command line, parent pid), read from /proc."""
     parents, info = {}, {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -47,7 +52,7 @@ def _descendants() -> dict[int, tuple[str, str]]:
             continue
         fields = stat[stat.rindex(")") + 2:].split()
         parents[int(entry.name)] = int(fields[1])
-        info[int(entry.name)] = (fields[0], cmdline)
+        info[int(entry.name)] = (fields[0], cmdline, int(fields[1]))
     found, frontier = {}, [os.getpid()]
     while frontier:
         parent = frontier.pop()
@@ -58,8 +63,11 @@ def _descendants() -> dict[int, tuple[str, str]]:
     return found
 
 
-def _is_infrastructure(cmdline: str) -> bool:
-    return "multiprocessing.forkserver" in cmdline or "multiprocessing.resource_tracker" in cmdline
+def _is_infrastructure(cmdline: str, ppid: int) -> bool:
+    """multiprocessing's forkserver and resource tracker, started once by this process and kept for reuse (the
+    processes forked from the forkserver share its command line but are its children, not this process's)."""
+    return ppid == os.getpid() and ("multiprocessing.forkserver" in cmdline
+                                    or "multiprocessing.resource_tracker" in cmdline)
 
 
 @pytest.fixture
@@ -76,9 +84,10 @@ def no_leftover_processes() -> Iterator[None]:
     gc.collect()
     deadline = time.monotonic() + 2.0  # a process that was just told to exit may need a moment
     while True:
-        after = _descendants()
-        left = {pid: cmd for pid, (_, cmd) in after.items() if pid not in before and not _is_infrastructure(cmd)}
-        zombies = {pid: cmd for pid, (state, cmd) in after.items() if state == "Z"}
+        after = _process_tree()
+        left = {pid: cmd for pid, (_, cmd, ppid) in after.items()
+                if pid not in before and not _is_infrastructure(cmd, ppid)}
+        zombies = {pid: cmd for pid, (state, cmd, _) in after.items() if state == "Z"}
         if not (left or zombies) or time.monotonic() > deadline:
             break
         time.sleep(0.05)

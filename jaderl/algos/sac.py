@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+from typing import Any
 
 import torch
 
@@ -109,6 +110,14 @@ class SAC(OffPolicyAgent):
     @critic_loss_avg.setter
     def critic_loss_avg(self, value: float) -> None:
         self._critic_loss_seen.fill_(value)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "critic_loss_ema": self._critic_loss_ema}  # ModSAC resumes its schedule
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        if "critic_loss_ema" in state:
+            self._critic_loss_ema.copy_(state["critic_loss_ema"])
 
     def act(self, obs: torch.Tensor, deterministic: bool = False) -> torch.Tensor:
         x = self.features(obs)

@@ -150,7 +150,7 @@ def train(config: Config, agent_cls: type[Agent], resume: bool = False,
             # 3. evaluate and log (the only host syncs of the loop)
             if (coordinator is None or coordinator.is_main) and (agent.steps >= counters["next_eval"] or reason):
                 counters["next_eval"] = (agent.steps // config.eval_every + 1) * config.eval_every
-                logged = _to_floats(stats, agent.steps) | agent.episode_stats()
+                logged = checked_floats(stats, agent.steps) | agent.episode_stats()
                 last_eval = evaluator.evaluate(agent, agent.steps, counters["time_s"], logged)["eval_return_mean"]
                 counters["time_s"] = time.perf_counter() - start  # the evaluation counts as training time
                 if config.target_return is not None and last_eval >= config.target_return:
@@ -177,7 +177,7 @@ def train(config: Config, agent_cls: type[Agent], resume: bool = False,
                        run_dir=str(run_dir))
 
 
-def _to_floats(stats: dict[str, torch.Tensor], step: int) -> dict[str, float]:
+def checked_floats(stats: dict[str, torch.Tensor], step: int) -> dict[str, float]:
     values = {k: float(v) for k, v in stats.items()}
     bad = [k for k, v in values.items() if not math.isfinite(v)]
     if bad:

@@ -29,14 +29,16 @@ Workers and the evaluator act on the CPU; the learner uses ``config.device``.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
 import queue
 import signal
+import sys
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from multiprocessing.context import SpawnProcess
 from typing import Any
 
@@ -47,7 +49,7 @@ from jaderl.accel import accelerate
 from jaderl.core.agent import Agent
 from jaderl.core.checkpoint import load_checkpoint, save_checkpoint
 from jaderl.core.config import Config, ConfigError
-from jaderl.core.loop import TrainingError, TrainResult, prepare_run_dir, resolve_device
+from jaderl.core.loop import TrainingError, TrainResult, checked_floats, prepare_run_dir, resolve_device
 from jaderl.envs import make_env
 
 POLL_S = 0.5
@@ -100,12 +102,33 @@ def _orphaned() -> bool:
     return parent is not None and not parent.is_alive()
 
 
+@contextlib.contextmanager
+def _holding(lock: Any, still_ok: Callable[[], None]) -> Iterator[None]:
+    """Hold ``lock``, calling ``still_ok`` (which raises when waiting is pointless) while it is taken: a process
+    killed while holding a multiprocessing lock never releases it."""
+    while not lock.acquire(timeout=POLL_S):
+        still_ok()
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def _exit_if_abandoned(shared: _Shared) -> None:
+    if shared.stop.is_set() or _orphaned():
+        raise SystemExit(0)
+
+
 def _child_main(name: str, shared: _Shared, body: Callable[[], None]) -> None:
-    """Run ``body`` in a child: SIGINT ignored (the learner decides), one thread, errors reported by name."""
+    """Run ``body`` in a child: SIGINT ignored (the learner decides), SIGTERM raising SystemExit (so ``finally``
+    blocks close envs and files), one thread, errors reported by name."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
     torch.set_num_threads(1)
     try:
         body()
+    except SystemExit:  # told to stop, or the learner is gone
+        raise
     except BaseException as exc:  # report anything, then exit non-zero
         last = traceback.extract_tb(exc.__traceback__)[-1:] if exc.__traceback__ else []
         where = f" (at {os.path.basename(last[0].filename)}:{last[0].lineno})" if last else ""
@@ -119,7 +142,7 @@ def _explorer(worker: int, config_dict: dict[str, Any], agent_cls: type[Agent], 
         config = agent_cls.config_cls.from_dict(config_dict)
         config = config.replace(seed=_worker_seed(config, worker, start_steps))
         torch.manual_seed(config.seed)
-        env = make_env(config.env, config.num_envs, "cpu", seed=config.seed)
+        env = make_env(config.env, config.num_envs, "cpu", seed=config.seed, workers=config.env_workers)
         agent = agent_cls(config, env, torch.device("cpu"))
         agent.steps = start_steps  # the first reset is seeded (config.seed) whatever the steps
         used = -1
@@ -132,7 +155,7 @@ def _explorer(worker: int, config_dict: dict[str, Any], agent_cls: type[Agent], 
                         return
                     continue
                 if shared.version.value != used:
-                    with shared.lock:
+                    with _holding(shared.lock, lambda: _exit_if_abandoned(shared)):
                         agent.load_policy_state_dict(shared.policy)
                         used, agent.steps = shared.version.value, shared.steps.value
                 if agent.last_obs is None:
@@ -208,7 +231,7 @@ class _Pipeline:
             args=(config.to_dict(), agent_cls, self.shared, self.requests, self.results, resume_step))
         for w in range(config.workers):
             self.processes[f"explorer worker {w}"] = ctx.Process(
-                target=_explorer, name=f"jaderl-explorer{w}", daemon=True,
+                target=_explorer, name=f"jaderl-explorer{w}", daemon=config.env_workers == 0,
                 args=(w, config.to_dict(), agent_cls, self.shared, self.trajectories[w], self.go[w], agent.steps))
         self.best_return = -math.inf
 
@@ -249,7 +272,7 @@ class _Pipeline:
     def publish(self) -> None:
         """Make the learner's current policy the one workers explore with."""
         policy = self.agent.policy_state_dict()
-        with self.shared.lock:
+        with _holding(self.shared.lock, self.check):
             for key, tensor in self.shared.policy.items():
                 tensor.copy_(policy[key])
             self.shared.steps.value = self.agent.steps
@@ -260,6 +283,7 @@ class _Pipeline:
 
     def collect(self) -> dict[str, torch.Tensor]:
         """One trajectory from every worker, joined along the sub-env axis on the learner's device."""
+        self.check()  # also when trajectories are always ready and no wait below times out
         parts = [self._get(q) for q in self.trajectories]
         version = self.shared.version.value
         self.policy_lag = sum(version - p[2] for p in parts) / len(parts)
@@ -271,16 +295,12 @@ class _Pipeline:
         self.agent.steps += traj["reward"].numel()
         return traj
 
-    def request_eval(self, step: int, time_s: float, stats: dict[str, float]) -> bool:
-        """Ask for an evaluation of the current policy unless one is running (training never waits for it)."""
-        self.poll_eval()
-        if self.eval_pending:
-            return False
+    def request_eval(self, step: int, time_s: float, stats: dict[str, float]) -> None:
+        """Ask for an evaluation of the current policy; the evaluator must be idle (``eval_pending`` false)."""
         for key, tensor in self.agent.policy_state_dict().items():
             self.shared.eval_policy[key].copy_(tensor)
         self.requests.put((step, time_s, stats))
         self.eval_pending = True
-        return True
 
     def poll_eval(self, wait: bool = False) -> float | None:
         """The return of the evaluation that finished since the last call, if any (``wait``: wait for it)."""
@@ -297,12 +317,13 @@ class _Pipeline:
     def close(self) -> None:
         """Stop every child: ask, wait, then terminate and kill what is left."""
         self.shared.stop.set()
+        started = [p for p in self.processes.values() if p.pid is not None]
         if self.processes["evaluator"].is_alive():
             self.requests.put(None)
         deadline = time.monotonic() + JOIN_S
-        for process in self.processes.values():
+        for process in started:
             process.join(max(0.0, deadline - time.monotonic()))
-        for process in self.processes.values():
+        for process in started:
             if process.is_alive():
                 process.terminate()
                 process.join(1.0)
@@ -339,16 +360,24 @@ def train_pipeline(config: Config, agent_cls: type[Agent], resume: bool = False,
         buffer.load_state_dict(*state["buffer"])
         counters = state["counters"]
         torch.set_rng_state(state["rng"]["torch"])
+        if device.type == "cuda" and state["rng"].get("cuda") is not None:
+            torch.cuda.set_rng_state(state["rng"]["cuda"], device)
     config.save_yaml(run_dir / "config.yaml")
 
     def checkpoint() -> None:
+        rng = {"torch": torch.get_rng_state(),
+               "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None}
         state = {"config": config.to_dict(), "counters": counters, "agent": agent.state_dict(),
-                 "buffer": list(buffer.state_dict()), "rng": {"torch": torch.get_rng_state()}}
+                 "buffer": list(buffer.state_dict()), "rng": rng}
         save_checkpoint(run_dir, state, agent.steps)
+
+    def logged() -> dict[str, float]:  # what an evaluation records beside its result (host syncs: once per eval)
+        return checked_floats(stats, agent.steps) | agent.episode_stats() | {"pipeline/policy_lag": pipeline.policy_lag}
 
     pipeline = _Pipeline(config, agent_cls, agent, resume_step=agent.steps if resume else None)
     last_eval, reason = math.nan, ""
     stats: dict[str, torch.Tensor] = {}
+    start = time.perf_counter() - counters["time_s"]
     try:
         pipeline.start()
         start = time.perf_counter() - counters["time_s"]
@@ -372,14 +401,13 @@ def train_pipeline(config: Config, agent_cls: type[Agent], resume: bool = False,
                 last_eval = result
                 if config.target_return is not None and result >= config.target_return:
                     reason = reason or "solved"
-            if agent.steps >= counters["next_eval"] and not reason:
-                logged = {k: float(v) for k, v in stats.items()} | agent.episode_stats()
-                logged["pipeline/policy_lag"] = pipeline.policy_lag
-                if pipeline.request_eval(agent.steps, counters["time_s"], logged):
-                    counters["next_eval"] = (agent.steps // config.eval_every + 1) * config.eval_every
             if reason:  # a last evaluation of the final policy, waited for
                 pipeline.poll_eval(wait=True)
-                pipeline.request_eval(agent.steps, counters["time_s"], agent.episode_stats())
+            # an evaluation that is due while the evaluator is busy is postponed: training goes on meanwhile
+            if (agent.steps >= counters["next_eval"] or reason) and not pipeline.eval_pending:
+                counters["next_eval"] = (agent.steps // config.eval_every + 1) * config.eval_every
+                pipeline.request_eval(agent.steps, counters["time_s"], logged())
+            if reason:
                 last_eval = pipeline.poll_eval(wait=True)
                 if config.target_return is not None and last_eval >= config.target_return:
                     reason = "solved"
@@ -390,7 +418,7 @@ def train_pipeline(config: Config, agent_cls: type[Agent], resume: bool = False,
                 progress({"steps": agent.steps, "time_s": counters["time_s"], "eval_return": last_eval,
                           "best_eval_return": pipeline.best_return, "done": bool(reason)})
     except KeyboardInterrupt:
-        counters["time_s"] = time.perf_counter() - start if "start" in locals() else counters["time_s"]
+        counters["time_s"] = time.perf_counter() - start
         checkpoint()
         reason = "interrupted"
     except WorkerError:

@@ -103,3 +103,14 @@ def test_plain_sac_updates_the_actor_every_step() -> None:
 def test_invalid_ensemble_settings_are_rejected(settings: dict, field: str) -> None:
     with pytest.raises(ConfigError, match=field):
         make_config("sac", "jaderl/Pendulum-v1", **settings)
+
+
+def test_modsac_running_critic_loss_survives_a_checkpoint(tmp_path) -> None:
+    import jaderl
+    from jaderl.core.checkpoint import load_checkpoint
+
+    jaderl.train("modsac", "jaderl/Pendulum-v1", total_steps=400, warmup_steps=200, hidden=[16, 16], eval_every=400,
+                 eval_episodes=1, run_dir=str(tmp_path / "run"), device="cpu")
+    saved = load_checkpoint(tmp_path / "run")["agent"]["critic_loss_ema"]
+    resumed = jaderl.load(tmp_path / "run", best=False)
+    assert saved > 0 and torch.equal(resumed._critic_loss_ema, saved)

@@ -38,9 +38,11 @@ def _rows(run_dir: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(f))
 
 
-def _faulty_env_module(directory: Path, monkeypatch: pytest.MonkeyPatch, action: str) -> str:
-    """A Gymnasium env (``faulty_envs:Faulty-v0``) that ``action``s on its 5th step when reset with worker 1's seed
-    (seed 0); importable by spawned processes, which inherit this process's ``sys.path``."""
+def _faulty_env_module(directory: Path, monkeypatch: pytest.MonkeyPatch, action: str,
+                       doomed_seed: int = 2 * WORKER_SEED_STRIDE) -> str:
+    """A Gymnasium env (``faulty_envs:Faulty-v0``) that ``action``s on its 5th step when reset with ``doomed_seed``
+    (by default explorer worker 1's with seed 0); importable by the child processes, which inherit this process's
+    ``sys.path``."""
     (directory / "faulty_envs.py").write_text(textwrap.dedent(f"""
         import os, signal
         import gymnasium as gym
@@ -48,7 +50,7 @@ def _faulty_env_module(directory: Path, monkeypatch: pytest.MonkeyPatch, action:
 
         class Faulty(PendulumEnv):
             def reset(self, *, seed=None, options=None):
-                self.doomed, self.count = seed == {2 * WORKER_SEED_STRIDE}, 0
+                self.doomed, self.count = seed == {doomed_seed}, 0
                 return super().reset(seed=seed, options=options)
 
             def step(self, action):
@@ -64,13 +66,15 @@ def _faulty_env_module(directory: Path, monkeypatch: pytest.MonkeyPatch, action:
 
 
 def test_off_policy_pipeline_trains_evaluates_and_checkpoints(tmp_path: Path) -> None:
-    result = jaderl.train("sac", "Pendulum-v1", total_steps=512, run_dir=tmp_path / "run", **SMALL_SAC)
-    assert result.stop_reason == "total_steps" and result.steps == 512  # 2 workers x 16 steps per round
+    """Explorers that step their sub-envs in processes of their own (env_workers) too."""
+    result = jaderl.train("sac", "Pendulum-v1", total_steps=512, run_dir=tmp_path / "run", num_envs=2, env_workers=1,
+                          **SMALL_SAC)
+    assert result.stop_reason == "total_steps" and result.steps == 512  # 2 workers x 2 envs x 16 steps per round
     rows = _rows(tmp_path / "run")
     assert [int(r["step"]) for r in rows][-1] == 512 and len(rows) >= 2
     state = load_checkpoint(tmp_path / "run")
     assert state["agent"]["steps"] == 512 and state["agent"]["critic_updates"] > 0
-    assert state["buffer"][1]["size"] == 512 // 2  # rows of (workers x num_envs) transitions
+    assert state["buffer"][1]["size"] == 512 // 4  # rows of (workers x num_envs) transitions
     assert (tmp_path / "run" / "best_policy.safetensors").exists()
 
 
@@ -89,7 +93,15 @@ def test_raising_worker_is_reported_by_name(tmp_path: Path, monkeypatch: pytest.
     with pytest.raises(WorkerError, match=r"^explorer worker 1 failed: RuntimeError: boom \(at faulty_envs.py:"):
         jaderl.train("sac", env, total_steps=100_000, run_dir=tmp_path / "run", seed=0, **SMALL_SAC)
     assert time.monotonic() - start < 30  # including the processes' start-up
-    assert load_checkpoint(tmp_path / "run")["agent"]["steps"] >= 0  # the learner's state was saved
+    assert load_checkpoint(tmp_path / "run")["config"]["workers"] == 2  # the learner's state was saved
+
+
+def test_failing_evaluator_stops_training_promptly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The evaluator's first evaluation resets its env with seed + 1 = 1: it raises there, while explorers go on."""
+    env = _faulty_env_module(tmp_path, monkeypatch, 'raise RuntimeError("eval boom")', doomed_seed=1)
+    with pytest.raises(WorkerError, match=r"^evaluator failed: RuntimeError: eval boom"):
+        jaderl.train("sac", env, total_steps=10**9, run_dir=tmp_path / "run", seed=0, **SMALL_SAC)
+    assert load_checkpoint(tmp_path / "run")["agent"]["steps"] < 5_000  # noticed within a few rounds
 
 
 def test_killed_worker_is_detected_within_seconds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
