@@ -97,16 +97,18 @@ def report(runs: list[dict[str, Any]], command: str) -> str:
                 if not own:
                     continue
                 finals = [r["final_return"] for r in own]
-                std = statistics.pstdev(finals) if len(finals) > 1 else 0.0
+                std = f"{statistics.pstdev(finals):,.0f}" if len(finals) > 1 else "n/a"
                 rows.append(f"| {algo.upper()} | {env} | {library} | {len(own)} | {statistics.mean(finals):,.0f} | "
-                            f"{std:,.0f} | {', '.join(f'{x:,.0f}' for x in finals)} | "
+                            f"{std} | {', '.join(f'{x:,.0f}' for x in finals)} | "
                             f"{statistics.median(r['wall_s'] for r in own):,.0f} |")
     dates = sorted(r["date"] for r in runs)
     machines = sorted({r["machine"] for r in runs})
+    loads = sorted(r["load"] for r in runs)
     return "\n".join([
         SECTION, "",
         f"Command: `{command}`  ",
-        f"Runs dated {dates[0]} to {dates[-1]} on: {'; '.join(machines)}.  ",
+        f"Runs dated {dates[0]} to {dates[-1]} on: {'; '.join(machines)}; 1-minute load average when a run "
+        f"ended: {loads[0]:.2f} to {loads[-1]:.2f} (wall times are only comparable between runs at similar load).  ",
         f"Budget: {runs[0]['steps']:,} env steps per run, no early stop; final evaluation: {EVAL_EPISODES} "
         "deterministic episodes. Settings in benchmarks/mujoco_vs_sb3.py (RL-Zoo's warm-up and TD3 noise, otherwise "
         "library defaults; one CPU thread each).", "",
