@@ -104,9 +104,13 @@ def report(runs: list[dict[str, Any]], command: str) -> str:
     dates = sorted(r["date"] for r in runs)
     machines = sorted({r["machine"] for r in runs})
     loads = sorted(r["load"] for r in runs)
+    grid = {(lib, a, e, seed) for lib in ("jaderl", "SB3") for a in ALGOS for e in ENVS for seed in range(3)}
+    missing = len(grid - {(r["library"], r["algo"], r["env"], r["seed"]) for r in runs})
     return "\n".join([
         SECTION, "",
-        f"Command: `{command}`  ",
+        f"Every run saved in `benchmarks/mujoco_runs/` (each is one subprocess; the latest command: `{command}`).  ",
+        f"Missing from the full grid (2 algorithms x 2 envs x 3 seeds x 2 libraries): {missing} of {len(grid)} runs.  "
+        if missing else "The full grid (2 algorithms x 2 envs x 3 seeds x 2 libraries) is complete.  ",
         f"Runs dated {dates[0]} to {dates[-1]} on: {'; '.join(machines)}; 1-minute load average when a run "
         f"ended: {loads[0]:.2f} to {loads[-1]:.2f} (wall times are only comparable between runs at similar load).  ",
         f"Budget: {runs[0]['steps']:,} env steps per run, no early stop; final evaluation: {EVAL_EPISODES} "
