@@ -23,7 +23,7 @@ from jaderl.core.agent import Agent
 from jaderl.core.checkpoint import CHECKPOINT_JSON, load_checkpoint, save_checkpoint
 from jaderl.core.config import Config, ConfigError
 from jaderl.core.evaluator import Evaluator
-from jaderl.envs import make_env
+from jaderl.envs import VecEnv, make_env
 
 
 class TrainingError(RuntimeError):
@@ -92,27 +92,16 @@ def train(config: Config, agent_cls: type[Agent], resume: bool = False,
     device = resolve_device(config.device)
     torch.manual_seed(config.seed)
     env = make_env(config.env, config.num_envs, device, seed=config.seed, workers=config.env_workers)
-    kind = "discrete" if env.is_discrete else "continuous"
-    if not (agent_cls.discrete if env.is_discrete else agent_cls.continuous):
+    try:
+        check_actions(config, agent_cls, env.is_discrete)
+    except ConfigError:
         env.close()
-        raise ConfigError(f"{config.algo or agent_cls.__name__} does not support the {kind} actions of {config.env}; "
-                          "run `jaderl algos` to see which algorithms do")
+        raise
     run_dir = prepare_run_dir(config, resume) if coordinator is None else Path(config.run_dir)
     agent = agent_cls(config, env, device)
     accelerate(agent)  # config.compile: compiled act and loss functions, eager fallback
     buffer = agent.make_buffer()
-    counters: dict[str, Any] = {"time_s": 0.0, "next_eval": config.eval_every,
-                                "next_checkpoint": config.checkpoint_every}
-    if resume:
-        state = load_checkpoint(run_dir)
-        agent.load_state_dict(state["agent"])
-        buffer.load_state_dict(*state["buffer"])
-        counters = state["counters"]
-        torch.set_rng_state(state["rng"]["torch"])
-        if device.type == "cuda" and state["rng"].get("cuda") is not None:
-            torch.cuda.set_rng_state(state["rng"]["cuda"], device)
-        if getattr(env, "generator", None) is not None and state["rng"].get("env") is not None:
-            env.generator.set_state(state["rng"]["env"].to(env.generator.get_state().device))
+    counters = restore_state(run_dir, agent, buffer, env) if resume else new_counters(config)
     if coordinator is not None:
         coordinator.attach(agent)
     config.save_yaml(run_dir / "config.yaml")
@@ -120,12 +109,7 @@ def train(config: Config, agent_cls: type[Agent], resume: bool = False,
     evaluator = Evaluator(eval_env, run_dir, seed=config.seed + 1, resume_step=agent.steps if resume else None)
 
     def checkpoint() -> None:
-        rng = {"torch": torch.get_rng_state(),
-               "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
-               "env": env.generator.get_state() if getattr(env, "generator", None) is not None else None}
-        state = {"config": config.to_dict(), "counters": counters, "agent": agent.state_dict(),
-                 "buffer": list(buffer.state_dict()), "rng": rng}
-        save_checkpoint(run_dir, state, agent.steps)
+        save_state(run_dir, config, counters, agent, buffer, env)
 
     last_eval, reason = math.nan, ""
     start = time.perf_counter() - counters["time_s"]
@@ -140,13 +124,7 @@ def train(config: Config, agent_cls: type[Agent], resume: bool = False,
                 coordinator.after_update(agent)
             counters["time_s"] = time.perf_counter() - start
             # 2. decide whether to stop (the evaluation below may also stop it)
-            if agent.steps >= config.total_steps:
-                reason = "total_steps"
-            elif config.time_limit is not None and counters["time_s"] >= config.time_limit:
-                reason = "time_limit"
-            elif (run_dir / "stop").exists():
-                reason = "stop_file"
-                (run_dir / "stop").unlink()
+            reason = budget_reason(config, agent.steps, counters["time_s"], run_dir)
             # 3. evaluate and log (the only host syncs of the loop)
             if (coordinator is None or coordinator.is_main) and (agent.steps >= counters["next_eval"] or reason):
                 counters["next_eval"] = (agent.steps // config.eval_every + 1) * config.eval_every
@@ -175,6 +153,57 @@ def train(config: Config, agent_cls: type[Agent], resume: bool = False,
     return TrainResult(solved=solved, steps=agent.steps, time_s=round(counters["time_s"], 3),
                        best_eval_return=evaluator.best_return, last_eval_return=last_eval, stop_reason=reason,
                        run_dir=str(run_dir))
+
+
+def check_actions(config: Config, agent_cls: type[Agent], is_discrete: bool) -> None:
+    """One-sentence ConfigError when ``agent_cls`` cannot act in the env's action space."""
+    if not (agent_cls.discrete if is_discrete else agent_cls.continuous):
+        kind = "discrete" if is_discrete else "continuous"
+        raise ConfigError(f"{config.algo or agent_cls.__name__} does not support the {kind} actions of {config.env}; "
+                          "run `jaderl algos` to see which algorithms do")
+
+
+def new_counters(config: Config) -> dict[str, Any]:
+    """The loop's checkpointed counters at the start of a run."""
+    return {"time_s": 0.0, "next_eval": config.eval_every, "next_checkpoint": config.checkpoint_every}
+
+
+def restore_state(run_dir: Path, agent: Agent, buffer: Any, env: VecEnv | None = None) -> dict[str, Any]:
+    """Load the last checkpoint of ``run_dir`` into ``agent``, ``buffer``, torch's RNGs and ``env``'s generator (if
+    it has one); returns the loop's counters."""
+    state = load_checkpoint(run_dir)
+    agent.load_state_dict(state["agent"])
+    buffer.load_state_dict(*state["buffer"])
+    torch.set_rng_state(state["rng"]["torch"])
+    if agent.device.type == "cuda" and state["rng"].get("cuda") is not None:
+        torch.cuda.set_rng_state(state["rng"]["cuda"], agent.device)
+    if getattr(env, "generator", None) is not None and state["rng"].get("env") is not None:
+        env.generator.set_state(state["rng"]["env"].to(env.generator.get_state().device))
+    return state["counters"]
+
+
+def save_state(run_dir: Path, config: Config, counters: dict[str, Any], agent: Agent, buffer: Any,
+               env: VecEnv | None = None) -> None:
+    """Checkpoint everything :func:`restore_state` reads back."""
+    generator = getattr(env, "generator", None)
+    rng = {"torch": torch.get_rng_state(),
+           "cuda": torch.cuda.get_rng_state(agent.device) if agent.device.type == "cuda" else None,
+           "env": generator.get_state() if generator is not None else None}
+    state = {"config": config.to_dict(), "counters": counters, "agent": agent.state_dict(),
+             "buffer": list(buffer.state_dict()), "rng": rng}
+    save_checkpoint(run_dir, state, agent.steps)
+
+
+def budget_reason(config: Config, steps: int, time_s: float, run_dir: Path) -> str:
+    """Why the run must stop now for its budgets or a ``stop`` file (consumed), or "" to go on."""
+    if steps >= config.total_steps:
+        return "total_steps"
+    if config.time_limit is not None and time_s >= config.time_limit:
+        return "time_limit"
+    if (run_dir / "stop").exists():
+        (run_dir / "stop").unlink()
+        return "stop_file"
+    return ""
 
 
 def checked_floats(stats: dict[str, torch.Tensor], step: int) -> dict[str, float]:

@@ -54,7 +54,7 @@ from jaderl.core.config import Config, ConfigError
 from jaderl.core.loop import TrainingError, TrainResult, prepare_run_dir, resolve_device, train
 from jaderl.core.nets import ObsNorm
 from jaderl.envs.vec import EnvError
-from jaderl.parallel.fusion import state_tensors
+from jaderl.parallel.fusion import all_reduce_mean_, state_tensors
 
 SEED_STRIDE = 10_007
 """Learner r explores with seed ``seed + SEED_STRIDE * r``."""
@@ -77,7 +77,6 @@ def average_gradients(params: list[nn.Parameter], group: dist.ProcessGroup | Non
     """Replace the gradient of each of ``params`` with its mean over the processes of ``group``, in buckets of
     about :data:`BUCKET_BYTES` per dtype and device, each one flattened all-reduce (parameters without a gradient
     are skipped: every process must run the same backward passes)."""
-    world = dist.get_world_size(group)
     buckets: dict[tuple[torch.device, torch.dtype], list[list[torch.Tensor]]] = {}
     filled: dict[tuple[torch.device, torch.dtype], int] = {}  # bytes in the last bucket of each kind
     for p in params:
@@ -91,13 +90,7 @@ def average_gradients(params: list[nn.Parameter], group: dist.ProcessGroup | Non
         chain[-1].append(p.grad)
         filled[kind] = filled.get(kind, 0) + p.grad.numel() * p.grad.element_size()
     for bucket in (b for chain in buckets.values() for b in chain):
-        flat = torch.cat([g.reshape(-1) for g in bucket])
-        dist.all_reduce(flat, group=group)
-        flat /= world
-        offset = 0
-        for g in bucket:
-            g.copy_(flat[offset:offset + g.numel()].view_as(g))
-            offset += g.numel()
+        all_reduce_mean_(bucket, group)
 
 
 def _obs_norms(agent: Agent) -> list[ObsNorm]:

@@ -89,16 +89,22 @@ def fuse_agents(agents: Sequence[Agent]) -> None:
 def all_reduce_average(obj: Fusible, group: dist.ProcessGroup | None = None) -> None:
     """Set the floating state of ``obj`` (a module, optimizer or agent) to its mean over the processes of
     ``group`` (the default group if None), in place: one all-reduce per dtype and device."""
-    world = dist.get_world_size(group)
     buckets: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
     for t in state_tensors(obj):
         if t.is_floating_point():
             buckets.setdefault((t.device, t.dtype), []).append(t)
     for tensors in buckets.values():
-        flat = torch.cat([t.reshape(-1) for t in tensors])
-        dist.all_reduce(flat, group=group)
-        flat /= world
-        offset = 0
-        for t in tensors:
-            t.copy_(flat[offset:offset + t.numel()].view_as(t))
-            offset += t.numel()
+        all_reduce_mean_(tensors, group)
+
+
+@torch.no_grad()
+def all_reduce_mean_(tensors: Sequence[torch.Tensor], group: dist.ProcessGroup | None = None) -> None:
+    """Set each of ``tensors`` (one device and dtype) to its mean over the processes of ``group``, in place, with
+    one all-reduce of their concatenation."""
+    flat = torch.cat([t.reshape(-1) for t in tensors])
+    dist.all_reduce(flat, group=group)
+    flat /= dist.get_world_size(group)
+    offset = 0
+    for t in tensors:
+        t.copy_(flat[offset:offset + t.numel()].view_as(t))
+        offset += t.numel()

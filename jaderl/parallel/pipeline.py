@@ -47,9 +47,19 @@ import torch.multiprocessing as tmp
 
 from jaderl.accel import accelerate
 from jaderl.core.agent import Agent
-from jaderl.core.checkpoint import load_checkpoint, save_checkpoint
-from jaderl.core.config import Config, ConfigError
-from jaderl.core.loop import TrainingError, TrainResult, checked_floats, prepare_run_dir, resolve_device
+from jaderl.core.config import Config
+from jaderl.core.loop import (
+    TrainingError,
+    TrainResult,
+    budget_reason,
+    check_actions,
+    checked_floats,
+    new_counters,
+    prepare_run_dir,
+    resolve_device,
+    restore_state,
+    save_state,
+)
 from jaderl.envs import make_env
 
 POLL_S = 0.5
@@ -344,32 +354,16 @@ def train_pipeline(config: Config, agent_cls: type[Agent], resume: bool = False,
     probe = make_env(config.env, 1, "cpu")  # check the env and read its spaces before starting any process
     spaces = _Spaces(config.num_envs * config.workers, probe.obs_shape, probe.is_discrete, probe.action_dim)
     probe.close()
-    if not (agent_cls.discrete if spaces.is_discrete else agent_cls.continuous):
-        kind = "discrete" if spaces.is_discrete else "continuous"
-        raise ConfigError(f"{config.algo or agent_cls.__name__} does not support the {kind} actions of {config.env}; "
-                          "run `jaderl algos` to see which algorithms do")
+    check_actions(config, agent_cls, spaces.is_discrete)
     run_dir = prepare_run_dir(config, resume)
     agent = agent_cls(config, spaces, device)  # type: ignore[arg-type]  # an agent reads only the spaces
     accelerate(agent)  # config.compile: the learner's act and loss functions (explorers stay eager)
     buffer = agent.make_buffer()
-    counters: dict[str, Any] = {"time_s": 0.0, "next_eval": config.eval_every,
-                                "next_checkpoint": config.checkpoint_every}
-    if resume:
-        state = load_checkpoint(run_dir)
-        agent.load_state_dict(state["agent"])
-        buffer.load_state_dict(*state["buffer"])
-        counters = state["counters"]
-        torch.set_rng_state(state["rng"]["torch"])
-        if device.type == "cuda" and state["rng"].get("cuda") is not None:
-            torch.cuda.set_rng_state(state["rng"]["cuda"], device)
+    counters = restore_state(run_dir, agent, buffer) if resume else new_counters(config)
     config.save_yaml(run_dir / "config.yaml")
 
-    def checkpoint() -> None:
-        rng = {"torch": torch.get_rng_state(),
-               "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None}
-        state = {"config": config.to_dict(), "counters": counters, "agent": agent.state_dict(),
-                 "buffer": list(buffer.state_dict()), "rng": rng}
-        save_checkpoint(run_dir, state, agent.steps)
+    def checkpoint() -> None:  # the explorers' envs are not saved: they start afresh, seeded from the steps
+        save_state(run_dir, config, counters, agent, buffer)
 
     def logged() -> dict[str, float]:  # what an evaluation records beside its result (host syncs: once per eval)
         return checked_floats(stats, agent.steps) | agent.episode_stats() | {"pipeline/policy_lag": pipeline.policy_lag}
@@ -389,13 +383,7 @@ def train_pipeline(config: Config, agent_cls: type[Agent], resume: bool = False,
             stats = agent.update(buffer) or stats
             pipeline.publish()
             counters["time_s"] = time.perf_counter() - start
-            if agent.steps >= config.total_steps:
-                reason = "total_steps"
-            elif config.time_limit is not None and counters["time_s"] >= config.time_limit:
-                reason = "time_limit"
-            elif (run_dir / "stop").exists():
-                reason = "stop_file"
-                (run_dir / "stop").unlink()
+            reason = budget_reason(config, agent.steps, counters["time_s"], run_dir)
             result = pipeline.poll_eval()
             if result is not None:
                 last_eval = result

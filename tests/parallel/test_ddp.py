@@ -11,10 +11,8 @@ import json
 import os
 import shutil
 import signal
-import threading
 import time
 from collections.abc import Callable
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -45,29 +43,6 @@ TINY_PPO: dict[str, Any] = dict(num_envs=4, horizon=32, minibatch_size=64, num_e
 
 
 # --- helpers ---
-
-def _in_threads(world: int, fn: Callable[[int, dist.ProcessGroup], Any]) -> list[Any]:
-    """``fn(rank, group)`` in ``world`` threads joined by an in-process gloo group: their results by rank."""
-    store = dist.HashStore()
-    results: list[Any] = [None] * world
-    errors: list[BaseException] = []
-
-    def run(rank: int) -> None:
-        try:
-            results[rank] = fn(rank, dist.ProcessGroupGloo(store, rank, world, timedelta(seconds=20)))
-        except BaseException as exc:  # re-raised in the test's thread
-            errors.append(exc)
-
-    threads = [threading.Thread(target=run, args=(rank,)) for rank in range(world)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
-    assert not any(t.is_alive() for t in threads), "a collective hung"
-    if errors:
-        raise errors[0]
-    return results
-
 
 def _cli(argv: list[str]) -> tuple[int, str, str]:
     out, err = io.StringIO(), io.StringIO()
@@ -127,8 +102,8 @@ def _loss(agent: PPO, obs: torch.Tensor, target: torch.Tensor, action: torch.Ten
 
 
 @pytest.mark.parametrize("bucket_bytes", [ddp.BUCKET_BYTES, 200])
-def test_averaged_steps_equal_single_process_steps_on_all_data(bucket_bytes: int,
-                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+def test_averaged_steps_equal_single_process_steps_on_all_data(bucket_bytes: int, monkeypatch: pytest.MonkeyPatch,
+                                                               in_threads: Callable[..., list[Any]]) -> None:
     monkeypatch.setattr(ddp, "BUCKET_BYTES", bucket_bytes)  # 200 bytes: a bucket per tensor or two
     reference = _ppo()
     learners = [copy.deepcopy(reference) for _ in range(2)]
@@ -145,7 +120,7 @@ def test_averaged_steps_equal_single_process_steps_on_all_data(bucket_bytes: int
             half = slice(8 * rank, 8 * rank + 8)
             agent.optimize(agent.optimizer, _loss(agent, obs[half], target[half], action[half]))
 
-    _in_threads(2, learn)
+    in_threads(2, learn)
     for a, b, ref in zip(state_tensors(learners[0]), state_tensors(learners[1]), state_tensors(reference),
                          strict=True):
         assert torch.equal(a, b)  # learners stay bit-identical
@@ -163,7 +138,7 @@ def _sac(seed: int) -> SAC:
     return agent
 
 
-def test_coordinator_shares_state_merges_obs_norm_and_agrees() -> None:
+def test_coordinator_shares_state_merges_obs_norm_and_agrees(in_threads: Callable[..., list[Any]]) -> None:
     agents = [_sac(seed=0), _sac(seed=1)]
     first_actor = [p.detach().clone() for p in agents[0].actor.parameters()]
     agents[0].critic_updates = 5  # learner 0's counters win too
@@ -187,7 +162,7 @@ def test_coordinator_shares_state_merges_obs_norm_and_agrees() -> None:
         coordinator.after_update(agent)
         return coordinator.agree("solved" if rank == 0 else "time_limit"), coordinator.agree("")
 
-    reasons = _in_threads(2, learn)
+    reasons = in_threads(2, learn)
     assert reasons == [("solved", ""), ("solved", "")]
     for agent in agents:
         for p, q in zip(agent.actor.parameters(), first_actor, strict=True):
@@ -200,7 +175,7 @@ def test_coordinator_shares_state_merges_obs_norm_and_agrees() -> None:
         assert torch.equal(a, b)
 
 
-def test_diverging_counters_are_an_error() -> None:
+def test_diverging_counters_are_an_error(in_threads: Callable[..., list[Any]]) -> None:
     agents = [_ppo(), _ppo()]
 
     def learn(rank: int, group: dist.ProcessGroup) -> None:
@@ -210,7 +185,7 @@ def test_diverging_counters_are_an_error() -> None:
         coordinator.after_update(agents[rank])
 
     with pytest.raises(TrainingError, match="diverged: their update_debt differ"):
-        _in_threads(2, learn)
+        in_threads(2, learn)
 
 
 def test_more_learners_than_gpus_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:

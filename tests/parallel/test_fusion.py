@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import copy
-import threading
 from collections.abc import Callable
-from datetime import timedelta
+from typing import Any
 
 import pytest
 import torch
@@ -136,28 +135,7 @@ def test_average_parameters_of_agents_leaves_optimizers_alone(sac_agents: list[S
     assert torch.equal(sac_agents[0].critic_optimizer.state_dict()["state"][0]["exp_avg"], adam_before[0]["exp_avg"])
 
 
-def _in_threads(world: int, fn: Callable[[int, dist.ProcessGroup], None]) -> None:
-    """Run ``fn(rank, group)`` in ``world`` threads joined by an in-process gloo group; re-raise their errors."""
-    store = dist.HashStore()
-    errors: list[BaseException] = []
-
-    def run(rank: int) -> None:
-        try:
-            fn(rank, dist.ProcessGroupGloo(store, rank, world, timedelta(seconds=20)))
-        except BaseException as exc:  # re-raised in the test's thread
-            errors.append(exc)
-
-    threads = [threading.Thread(target=run, args=(rank,)) for rank in range(world)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
-    assert not any(t.is_alive() for t in threads), "a collective hung"
-    if errors:
-        raise errors[0]
-
-
-def test_all_reduce_average_over_a_process_group() -> None:
+def test_all_reduce_average_over_a_process_group(in_threads: Callable[..., list[Any]]) -> None:
     nets = _nets(3)
     optimizers = _trained_adams(nets)
     expected_params = [_mean_by_hand(list(ps)) for ps in zip(*(n.parameters() for n in nets), strict=True)]
@@ -168,7 +146,7 @@ def test_all_reduce_average_over_a_process_group() -> None:
         all_reduce_average(nets[rank], group)
         all_reduce_average(optimizers[rank], group)
 
-    _in_threads(3, fuse)
+    in_threads(3, fuse)
     for net, opt in zip(nets, optimizers, strict=True):
         for p, expected in zip(net.parameters(), expected_params, strict=True):
             torch.testing.assert_close(p.detach(), expected)
