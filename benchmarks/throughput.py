@@ -14,8 +14,9 @@ every table; numbers measured from a 1-minute load above 1.5 are marked as measu
 Sections
     subproc   env-steps/s of ordinary Gymnasium envs (HalfCheetah-v5 by default, Pendulum-v1 when MuJoCo is missing)
               stepped with random actions by Gymnasium's SyncVectorEnv and AsyncVectorEnv (one process per env,
-              shared-memory observations), jaderl's SubprocVecEnv (``--workers`` processes, shared memory both
-              ways, torch tensors out) and envpool (``num_threads=--workers``) when it is installed and has the env.
+              shared-memory observations), jaderl's SubprocVecEnv (``--workers`` stepping processes: the caller
+              and ``--workers - 1`` workers, shared memory both ways, torch tensors out) and envpool
+              (``num_threads=--workers``) when it is installed and has the env.
               Every variant is built once, warmed up, then timed ``--repeats`` times round-robin over ``--steps``
               batched steps; the table gives the median. Targets: SubprocVecEnv >= 3x Async and
               >= 0.9x envpool.
@@ -134,9 +135,12 @@ def section_subproc(args: argparse.Namespace) -> None:
     asyn = gym.vector.AsyncVectorEnv([factory] * n, autoreset_mode=same_step)
     asyn.reset(seed=0)
     variants[f"Gymnasium AsyncVectorEnv ({n} processes)"] = (lambda i: asyn.step(raw[i]), asyn.close)
-    sub = SubprocVecEnv(env_id, n, num_workers=args.workers)
+    # --workers stepping processes, as envpool gets --workers threads: K - 1 workers and this process
+    sub_workers = max(args.workers - 1, 1)
+    sub = SubprocVecEnv(env_id, n, num_workers=sub_workers, step_in_parent=args.workers > 1)
     sub.reset(seed=0)
-    variants[f"jaderl SubprocVecEnv ({args.workers} workers)"] = (lambda i: sub.step(unit_t[i]), sub.close)
+    sub_label = f"{sub_workers} worker{'s' if sub_workers > 1 else ''}{' + this process' if args.workers > 1 else ''}"
+    variants[f"jaderl SubprocVecEnv ({sub_label})"] = (lambda i: sub.step(unit_t[i]), sub.close)
     envpool_name = None
     try:
         import envpool
@@ -588,7 +592,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--env", default="HalfCheetah-v5", help="subproc, pipeline: Gymnasium id")
     parser.add_argument("--num-envs", type=int, default=8, help="subproc, pipeline: sub-envs per stepper / trainer")
     parser.add_argument("--workers", type=int, default=2,
-                        help="subproc: SubprocVecEnv workers / envpool threads; pipeline: explorer workers")
+                        help="subproc: processes stepping the SubprocVecEnv (this one included) / envpool threads; "
+                             "pipeline: explorer workers")
     parser.add_argument("--steps", type=int, default=2000, help="subproc: batched steps per timing")
     parser.add_argument("--warmup", type=int, default=200, help="subproc: untimed batched steps first")
     parser.add_argument("--repeats", type=int, default=3, help="timings per variant (median reported)")

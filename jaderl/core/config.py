@@ -43,8 +43,8 @@ class Config:
     env: str = param("jaderl/Pendulum-v1", "env id: a built-in torch env (`jaderl envs`) or any Gymnasium id")
     seed: int = param(0, "seed of torch, the envs and the evaluator", low=0)
     num_envs: int = param(1, "sub-envs stepped in one batch", low=1)
-    env_workers: int = param(0, "processes stepping a Gymnasium env's sub-envs through shared memory (0: in this "
-                             "process; torch-native envs ignore it)", low=0)
+    env_workers: int = param(0, "worker processes stepping a Gymnasium env's sub-envs through shared memory "
+                             "alongside this one (0: all in this process; torch-native envs ignore it)", low=0)
     horizon: int = param(1, "steps each sub-env takes per explore() call", low=1)
     total_steps: int = param(100_000, "stop after this many env steps (all sub-envs counted)", low=1)
     target_return: float | None = param(None, "stop once an evaluation's mean return reaches this")

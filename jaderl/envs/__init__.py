@@ -21,7 +21,7 @@ def make_env(name: str, num_envs: int, device: torch.device | str = "cpu", seed:
     """Build ``num_envs`` copies of env ``name``: a built-in torch env (``jaderl/...``), an Atari game (``ALE/...``,
     preprocessed as in :mod:`jaderl.envs.atari`) or any Gymnasium id.
 
-    ``workers > 0`` steps a Gymnasium id in that many processes through shared memory
+    ``workers > 0`` steps a Gymnasium id in that many worker processes alongside this one, through shared memory
     (:class:`~jaderl.envs.subproc.SubprocVecEnv`); the default steps it in this process. Torch-native and Atari
     envs ignore it."""
     if name.startswith("ALE/"):

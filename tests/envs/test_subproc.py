@@ -69,9 +69,13 @@ def _gone(pids: list[int], timeout: float = 5.0) -> bool:
     return False
 
 
-@pytest.mark.parametrize(("env_id", "start_method"), [("CartPole-v1", "forkserver"), ("Pendulum-v1", "spawn")])
-def test_matches_gymnasium_adapter(env_id: str, start_method: str) -> None:
-    sub = SubprocVecEnv(env_id, num_envs=4, num_workers=2, start_method=start_method)
+@pytest.mark.parametrize(("env_id", "start_method", "options"), [
+    ("CartPole-v1", "forkserver", {}),  # this process steps 1 sub-env, the workers 2 and 1
+    ("Pendulum-v1", "spawn", {"step_in_parent": False, "spin": True}),
+    ("CartPole-v1", "forkserver", {"num_workers": 1, "spin": False}),
+])
+def test_matches_gymnasium_adapter(env_id: str, start_method: str, options: dict[str, Any]) -> None:
+    sub = SubprocVecEnv(env_id, num_envs=4, start_method=start_method, **{"num_workers": 2, **options})
     ref = GymnasiumVecEnv(env_id, num_envs=4)
     try:
         assert (sub.num_envs, sub.obs_shape, sub.is_discrete, sub.action_dim, sub.max_steps) == \
@@ -98,7 +102,7 @@ def test_matches_gymnasium_adapter(env_id: str, start_method: str) -> None:
 
 
 def test_box_rescaling_discrete_actions_and_uneven_slices() -> None:
-    box = SubprocVecEnv(EchoEnv, num_envs=3, num_workers=2)  # slices of 1 and 2 envs
+    box = SubprocVecEnv(EchoEnv, num_envs=3, num_workers=2, step_in_parent=False)  # slices of 1 and 2 envs
     discrete = SubprocVecEnv(EchoEnv, num_envs=3, num_workers=2, env_kwargs={"box": False})
     try:
         assert (box.is_discrete, box.action_dim, box.max_steps) == (False, 3, 0)
@@ -131,10 +135,25 @@ def test_raising_worker_is_reported_by_name() -> None:
         env.step(torch.zeros(4, 3))
 
 
+def test_error_in_this_process_slice_is_reported_and_stops_the_workers() -> None:
+    env = SubprocVecEnv(EchoEnv, num_envs=3, num_workers=2, env_kwargs={"bad_seed": 5})
+    pids = env.worker_pids
+    assert len(pids) == 2
+    env.reset(seed=5)  # sub-env 0, stepped in this process, gets seed 5
+    with pytest.raises(EnvError) as info:
+        env.step(torch.zeros(3, 3))
+    assert str(info.value) == "env 0 (stepped in this process) failed: RuntimeError: boom from the env seeded 5"
+    assert isinstance(info.value.__cause__, RuntimeError)  # the env's own traceback is kept
+    assert _gone(pids) and env.worker_pids == []
+    with pytest.raises(EnvError, match="closed"):
+        env.reset()
+
+
 @pytest.mark.parametrize("when", ["while stepping", "between steps"])
 def test_killed_worker_is_detected(when: str) -> None:
     sleep = 30.0 if when == "while stepping" else 0.0
-    env = SubprocVecEnv(EchoEnv, num_envs=4, num_workers=2, env_kwargs={"sleep": sleep})
+    # a death is noticed once this process has stepped its own slice, so the slow envs run in workers only
+    env = SubprocVecEnv(EchoEnv, num_envs=4, num_workers=2, env_kwargs={"sleep": sleep}, step_in_parent=False)
     pids = env.worker_pids
     env.reset()
     if when == "while stepping":
@@ -175,6 +194,22 @@ def test_no_process_left_behind(how: str, descendants: Callable[[], dict[int, tu
     assert not set(pids) & set(descendants())
 
 
+def test_spinning_is_on_only_where_every_waiting_process_has_a_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    import jaderl.envs.subproc as subproc
+
+    for cpus, workers, child, spins in [(2, 1, False, True), (2, 2, False, False), (8, 3, False, True),
+                                        (8, 1, True, False)]:  # a child (pipeline explorer, learner) never spins
+        monkeypatch.setattr(subproc, "_usable_cpus", lambda cpus=cpus: cpus)
+        monkeypatch.setattr(subproc.mp, "parent_process", lambda child=child: object() if child else None)
+        env = SubprocVecEnv("CartPole-v1", num_envs=4, num_workers=workers)
+        try:
+            assert (env._spin_s > 0) == spins, (cpus, workers, child)
+            env.reset(seed=0)
+            env.step(torch.zeros(4, dtype=torch.int64))
+        finally:
+            env.close()
+
+
 def test_make_env_with_workers() -> None:
     env = make_env("CartPole-v1", 3, workers=2)
     try:
@@ -195,7 +230,9 @@ def test_bad_arguments_start_no_process() -> None:
     with pytest.raises(EnvError, match="picklable"):
         SubprocVecEnv(lambda: EchoEnv(), 2, 2)
     with pytest.raises(EnvError, match=r"^worker jaderl-EchoEnv-worker0 failed: env 0: TypeError: .*'colour'"):
-        SubprocVecEnv(EchoEnv, 2, 1, env_kwargs={"colour": "red"})  # the env cannot be built
+        SubprocVecEnv(EchoEnv, 2, 1, env_kwargs={"colour": "red"}, step_in_parent=False)  # cannot be built
+    with pytest.raises(EnvError, match=r"^env 0 \(stepped in this process\) failed: TypeError: .*'colour'"):
+        SubprocVecEnv(EchoEnv, 2, 1, env_kwargs={"colour": "red"})
     with pytest.raises(EnvError, match="fork"):
         SubprocVecEnv("CartPole-v1", 2, 2, start_method="fork")
 
