@@ -17,11 +17,11 @@ import datetime
 import statistics
 import sys
 import tempfile
-from pathlib import Path
+
+from results_md import write_section
 
 import jaderl
 
-RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 SECTION = "## hterm_variance"
 SETTINGS = {"hidden": [64, 64], "lr": 1e-3, "eval_every": 2_000, "device": "cpu"}
 
@@ -62,15 +62,7 @@ def main() -> None:
         "| H-term | mean final return | std across seeds | worst seed | per seed |", "|---|---|---|---|---|",
         *rows, ""])
     print(section)
-    text = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n"
-    start = text.find(SECTION)
-    if start >= 0:
-        end = text.find("\n## ", start + len(SECTION))
-        text = text[:start] + section + (text[end:] if end >= 0 else "\n")
-    else:
-        text = text.rstrip() + "\n\n" + section + "\n"
-    RESULTS.write_text(text)
-
+    write_section(SECTION, section)
 
 if __name__ == "__main__":
     main()

@@ -34,8 +34,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from results_md import write_section
+
 ROOT = Path(__file__).resolve().parent
-RESULTS = ROOT / "RESULTS.md"
 SECTION = "## mujoco"
 ALGOS, ENVS = ("sac", "td3"), ("HalfCheetah-v5", "Hopper-v5")
 WARMUP, TD3_NOISE, EVAL_EPISODES = 10_000, 0.1, 10
@@ -120,17 +121,6 @@ def report(runs: list[dict[str, Any]], command: str) -> str:
         "|---|---|---|---:|---:|---:|---|---:|", *rows, ""])
 
 
-def write_section(section: str) -> None:
-    text = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n"
-    start = text.find(f"\n{SECTION}\n")
-    if start >= 0:
-        end = text.find("\n## ", start + len(SECTION) + 2)
-        text = text[:start + 1] + section + (text[end:] if end >= 0 else "")
-    else:
-        text = text.rstrip() + "\n\n" + section
-    RESULTS.write_text(text)
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--algos", default=",".join(ALGOS), help="comma-separated: sac, td3")
@@ -173,7 +163,7 @@ def main(argv: list[str] | None = None) -> None:
     if runs:
         section = report(runs, " ".join([Path(sys.executable).name, "benchmarks/mujoco_vs_sb3.py", *sys.argv[1:]]))
         print(section)
-        write_section(section)
+        write_section(SECTION, section)
 
 
 if __name__ == "__main__":
