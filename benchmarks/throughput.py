@@ -139,7 +139,8 @@ def section_subproc(args: argparse.Namespace) -> None:
     sub_workers = max(args.workers - 1, 1)
     sub = SubprocVecEnv(env_id, n, num_workers=sub_workers, step_in_parent=args.workers > 1)
     sub.reset(seed=0)
-    sub_label = f"{sub_workers} worker{'s' if sub_workers > 1 else ''}{' + this process' if args.workers > 1 else ''}"
+    in_parent = sub._local_slice[1] > 0  # there were more envs than workers
+    sub_label = f"{sub_workers} worker{'s' if sub_workers > 1 else ''}{' + this process' if in_parent else ''}"
     variants[f"jaderl SubprocVecEnv ({sub_label})"] = (lambda i: sub.step(unit_t[i]), sub.close)
     envpool_name = None
     try:

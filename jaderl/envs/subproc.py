@@ -18,7 +18,8 @@ wake an idle CPU). So where every waiting process can have a CPU of its own (wor
 top-level process) both sides first poll their pipe without sleeping for up to 1 ms, as envpool's threads do; on
 the 2-CPU development machine 1 worker + the caller step HalfCheetah 1.6x to 1.7x faster than one process this way,
 against 1.3x when they sleep. Explorer and learner processes (``--workers``, ``--learners``) never
-spin, since they share the CPUs with each other; ``spin`` overrides the choice.
+spin, since they share the CPUs with each other. The ``spin`` argument, or else the environment variable
+``JADERL_SPIN=0`` / ``1``, overrides the choice (e.g. for several training runs side by side on one machine).
 
 Workers start with ``forkserver`` (default) or ``spawn``, never ``fork``: they are safe to create from a process
 that has threads or has initialised CUDA. ``close()`` (also run when the env is garbage-collected and at interpreter
@@ -41,6 +42,7 @@ import traceback
 import weakref
 from collections.abc import Callable
 from multiprocessing import shared_memory
+from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
@@ -77,10 +79,13 @@ _NUMPY_DTYPES = {torch.float32: np.float32, torch.bool: np.bool_, torch.uint8: n
 
 
 def _usable_cpus() -> int:
-    """CPUs this process may run on."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
+    """CPUs this process may run on: its affinity mask, capped by a cgroup v2 CPU quota (containers)."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    with contextlib.suppress(OSError, ValueError):
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()  # "max 100000" or "200000 100000"
+        if quota != "max":
+            cpus = min(cpus, max(1, int(quota) // int(period)))
+    return cpus
 
 
 def _layout(num_envs: int, obs_shape: tuple[int, ...], obs_dtype: np.dtype, act_shape: tuple[int, ...],
@@ -180,7 +185,8 @@ def _serve(fd: int, envs: list[gym.Env], views: dict[str, np.ndarray], start: in
     poller = select.poll()
     poller.register(fd, select.POLLIN | select.POLLHUP)
     while True:
-        _wait(poller, spin_s, -1)
+        if spin_s:
+            _wait(poller, spin_s, -1)
         try:
             command = os.read(fd, 1)
         except OSError:  # the parent is gone (an empty read says the same)
@@ -206,6 +212,7 @@ class _Workers:
         self.shm: shared_memory.SharedMemory | None = None
         self.views: dict[str, np.ndarray] = {}
         self.local: list[gym.Env] = []  # the slice this process steps itself
+        self.local_views: dict[str, np.ndarray] = {}  # its part of the shared buffers
 
     def close(self) -> None:
         for conn, process in zip(self.conns, self.processes, strict=True):
@@ -229,7 +236,7 @@ class _Workers:
             with contextlib.suppress(Exception):
                 env.close()
         self.processes, self.conns, self.local = [], [], []
-        self.views = {}
+        self.views, self.local_views = {}, {}  # no view may outlive the shared memory
         if self.shm is not None:
             self.shm.close()
             with contextlib.suppress(FileNotFoundError):
@@ -281,6 +288,8 @@ class SubprocVecEnv(GymnasiumSpaces):
             raise EnvError(f"cannot build envs from {type(env_id_or_factory).__name__}: pass a Gymnasium id or a "
                            "factory returning a gym.Env")
         num_workers = min(num_workers, num_envs)
+        if spin is None and os.environ.get("JADERL_SPIN") in ("0", "1"):
+            spin = os.environ["JADERL_SPIN"] == "1"
         if spin is None:  # spin only where every waiting process can have a CPU of its own
             spin = mp.parent_process() is None and num_workers + 1 <= _usable_cpus()
         self._spin_s = _SPIN_S if spin else 0.0
@@ -297,10 +306,11 @@ class SubprocVecEnv(GymnasiumSpaces):
         ctx = mp.get_context(start_method)
         if start_method == "forkserver":  # workers fork from a server that has imported this module (and torch)
             ctx.set_forkserver_preload(["__main__", "jaderl.envs.subproc"])  # "__main__" is the default
-        bounds = np.linspace(0, self.num_envs, num_workers + 1 + step_in_parent).round().astype(int)
-        slices = [(int(a), int(b)) for a, b in itertools.pairwise(bounds)]
-        self._local_slice = slices.pop(0) if step_in_parent else (0, 0)
-        self._slices = slices
+        # this process's slice is the smallest (it also runs the policy and copies the results), the rest even
+        local = self.num_envs // (num_workers + 1) if step_in_parent else 0
+        bounds = np.linspace(local, self.num_envs, num_workers + 1).round().astype(int)
+        self._local_slice = (0, local)
+        self._slices = [(int(a), int(b)) for a, b in itertools.pairwise(bounds)]
         self._names = [f"jaderl-{label}-worker{k}" for k in range(num_workers)]
         workers = self._workers
         for name, (start, stop) in zip(self._names, self._slices, strict=True):
@@ -350,7 +360,7 @@ class SubprocVecEnv(GymnasiumSpaces):
         workers.views = _views(workers.shm.buf, layout)
         for conn in workers.conns:
             conn.send((workers.shm.name, layout))
-        self._local_views = _slice_views(workers.views, *self._local_slice)
+        workers.local_views = _slice_views(workers.views, *self._local_slice)
         self._gather()
 
     # -- talking to the workers ---------------------------------------------------------------------------------
@@ -395,13 +405,21 @@ class SubprocVecEnv(GymnasiumSpaces):
         return answers
 
     def _in_parent(self, work: Callable[[], None]) -> None:
-        """Run this process's share of a step, reset or build; a failure closes the workers and names the env."""
+        """Run this process's share of a build, step or reset; an error in an env becomes an EnvError naming it."""
         try:
             work()
         except Exception as exc:
-            self.close()
             raise EnvError(f"env {self._where[0]} (stepped in this process) failed: {_error_line(exc)}") from exc
-        except BaseException:  # Ctrl-C mid-step: the workers are out of step with us, so stop them
+
+    def _round(self, command: bytes, local_work: Callable[[], None]) -> None:
+        """Signal the workers, do this process's slice while they do theirs, wait for them. Any failure or Ctrl-C
+        on the way closes the env: the workers would be out of step with this process."""
+        try:
+            self._broadcast(command)
+            if self._workers.local:
+                self._in_parent(local_work)
+            self._gather()
+        except BaseException:
             self.close()
             raise
 
@@ -435,10 +453,9 @@ class SubprocVecEnv(GymnasiumSpaces):
             raise EnvError("the env is closed")
         if seed is not None:
             self._workers.views["seed"][0] = int(seed)
-        self._broadcast(_RESET if seed is None else _RESET_SEEDED)
-        start, workers = self._local_slice[0], self._workers
-        self._in_parent(lambda: _reset_slice(workers.local, self._local_views, start, seed, self._where))
-        self._gather()
+        workers = self._workers
+        self._round(_RESET if seed is None else _RESET_SEEDED,
+                    lambda: _reset_slice(workers.local, workers.local_views, 0, seed, self._where))
         obs = self._workers.views["obs"]
         check_finite("observation", obs)
         return self._tensor(obs, self._obs_dtype)
@@ -448,11 +465,8 @@ class SubprocVecEnv(GymnasiumSpaces):
         if not views:
             raise EnvError("the env is closed")
         views["action"][:] = self._env_actions(action)
-        self._broadcast(_STEP)
-        if self._workers.local:  # this process steps its slice while the workers step theirs
-            self._in_parent(lambda: _step_slice(self._workers.local, self._local_views, self._local_slice[0],
-                                                self._where))
-        self._gather()
+        workers = self._workers  # this process steps its slice (sub-envs 0..) while the workers step theirs
+        self._round(_STEP, lambda: _step_slice(workers.local, workers.local_views, 0, self._where))
         obs, final_obs, reward = views["obs"], views["final_obs"], views["reward"]
         check_finite("observation", obs)
         check_finite("reward", reward)

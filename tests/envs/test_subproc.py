@@ -42,7 +42,10 @@ class EchoEnv(gym.Env):
     def __init__(self, box: bool = True, bad_seed: int | None = None, sleep: float = 0.0) -> None:
         self.observation_space = gym.spaces.Box(-np.inf, np.inf, (3,), np.float32)
         self.action_space = gym.spaces.Box(BOX_LOW, BOX_HIGH, dtype=np.float32) if box else gym.spaces.Discrete(4)
-        self.bad_seed, self.sleep, self.seed_used = bad_seed, sleep, None
+        self.bad_seed, self.sleep, self.seed_used, self.closed = bad_seed, sleep, None, False
+
+    def close(self) -> None:
+        self.closed = True
 
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, dict]:
         super().reset(seed=seed)
@@ -70,9 +73,9 @@ def _gone(pids: list[int], timeout: float = 5.0) -> bool:
 
 
 @pytest.mark.parametrize(("env_id", "start_method", "options"), [
-    ("CartPole-v1", "forkserver", {}),  # this process steps 1 sub-env, the workers 2 and 1
+    ("CartPole-v1", "forkserver", {}),  # this process steps 1 sub-env, the workers 1 and 2
+    ("Pendulum-v1", "forkserver", {"num_workers": 1, "spin": False}),  # Box actions in this process's slice
     ("Pendulum-v1", "spawn", {"step_in_parent": False, "spin": True}),
-    ("CartPole-v1", "forkserver", {"num_workers": 1, "spin": False}),
 ])
 def test_matches_gymnasium_adapter(env_id: str, start_method: str, options: dict[str, Any]) -> None:
     sub = SubprocVecEnv(env_id, num_envs=4, start_method=start_method, **{"num_workers": 2, **options})
@@ -137,14 +140,14 @@ def test_raising_worker_is_reported_by_name() -> None:
 
 def test_error_in_this_process_slice_is_reported_and_stops_the_workers() -> None:
     env = SubprocVecEnv(EchoEnv, num_envs=3, num_workers=2, env_kwargs={"bad_seed": 5})
-    pids = env.worker_pids
-    assert len(pids) == 2
+    pids, local = env.worker_pids, list(env._workers.local)
+    assert len(pids) == 2 and len(local) == 1 and not local[0].closed
     env.reset(seed=5)  # sub-env 0, stepped in this process, gets seed 5
     with pytest.raises(EnvError) as info:
         env.step(torch.zeros(3, 3))
     assert str(info.value) == "env 0 (stepped in this process) failed: RuntimeError: boom from the env seeded 5"
     assert isinstance(info.value.__cause__, RuntimeError)  # the env's own traceback is kept
-    assert _gone(pids) and env.worker_pids == []
+    assert _gone(pids) and env.worker_pids == [] and local[0].closed
     with pytest.raises(EnvError, match="closed"):
         env.reset()
 
@@ -194,6 +197,18 @@ def test_no_process_left_behind(how: str, descendants: Callable[[], dict[int, tu
     assert not set(pids) & set(descendants())
 
 
+def test_this_process_takes_the_smallest_slice() -> None:
+    env = SubprocVecEnv(EchoEnv, num_envs=8, num_workers=2)
+    try:
+        assert (env._local_slice, env._slices) == ((0, 2), [(2, 5), (5, 8)])
+        env.reset()
+        action = torch.linspace(-1.0, 1.0, 8).unsqueeze(1).expand(8, 3)
+        obs, *_ = env.step(action)  # every sub-env, wherever it is stepped, sees its own action
+        torch.testing.assert_close(obs[:, 0], torch.linspace(-2.0, 2.0, 8), rtol=1e-6, atol=1e-6)
+    finally:
+        env.close()
+
+
 def test_spinning_is_on_only_where_every_waiting_process_has_a_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
     import jaderl.envs.subproc as subproc
 
@@ -208,6 +223,11 @@ def test_spinning_is_on_only_where_every_waiting_process_has_a_cpu(monkeypatch: 
             env.step(torch.zeros(4, dtype=torch.int64))
         finally:
             env.close()
+    monkeypatch.setattr(subproc.mp, "parent_process", lambda: None)  # with 8 CPUs it would spin, but
+    monkeypatch.setenv("JADERL_SPIN", "0")  # several runs on one machine: the user turns it off
+    env = SubprocVecEnv("CartPole-v1", num_envs=4, num_workers=1)
+    env.close()
+    assert env._spin_s == 0
 
 
 def test_make_env_with_workers() -> None:
