@@ -79,8 +79,11 @@ class DQN(OffPolicyAgent):
         return self.q_net(self.features(obs), noise=not deterministic).argmax(-1)
 
     def explore_action(self, obs: torch.Tensor) -> torch.Tensor:
-        greedy = self.act(obs) if self.steps >= self.config.warmup_steps else 0
+        """Uniformly random actions for ``warmup_steps``, then epsilon-greedy (noisy when ``noisy``) actions."""
         random = torch.randint(self.action_dim, (obs.shape[0],), device=self.device)
+        if self.steps < self.config.warmup_steps:
+            return random
+        greedy = self.act(obs)
         explore = torch.rand(obs.shape[0], device=self.device) < self.epsilon()
         return torch.where(explore, random, greedy)
 

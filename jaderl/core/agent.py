@@ -109,7 +109,7 @@ class Agent:
         flattened and normalised (when enabled)."""
         if self.is_image:
             return obs if self.encoder is None else self.encoder(obs)
-        return self.obs_norm(obs.flatten(obs.dim() - len(self.obs_shape)))
+        return self.obs_norm(obs).flatten(obs.dim() - len(self.obs_shape))  # the statistics have obs_shape
 
     def encoder_parameters(self) -> list[nn.Parameter]:
         """The shared image encoder's parameters (none for vector observations), for the optimizer that trains it:

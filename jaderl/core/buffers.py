@@ -35,7 +35,8 @@ class ReplayBuffer:
         first = min(horizon, self.rows - self.ptr)  # rows before the wrap-around
         for key, value in traj.items():
             self.data[key][self.ptr:self.ptr + first] = value[:first]
-            self.data[key][:horizon - first] = value[first:]
+            if horizon > first:
+                self.data[key][:horizon - first] = value[first:]
         self.ptr = (self.ptr + horizon) % self.rows
         self.size = min(self.size + horizon, self.rows)
 
@@ -75,20 +76,36 @@ class ReplayBuffer:
         return {k: v[:self.size] for k, v in self.data.items()}, {"ptr": self.ptr, "size": self.size}
 
     def load_state_dict(self, tensors: Batch, meta: dict) -> None:
-        self.data = {}
+        """Restore the rows and counters of :meth:`state_dict` (for a resumed run).
+
+        A resumed run restarts its envs, so the episodes in progress at the newest stored row end there: that row
+        is marked ``truncated`` (it still bootstraps from its ``next_obs``), so that n-step sums and H-term
+        segments do not run on into the new episodes that the next ``add`` appends.
+        """
+        self.data, self.ptr, self.size = {}, 0, 0
         if tensors:
             self.add({k: v.to(self.device) for k, v in tensors.items()})  # allocates and fills rows [0, size)
         self.ptr, self.size = meta["ptr"], meta["size"]
+        if self.size and "truncated" in self.data and "terminated" in self.data:
+            newest = (self.ptr - 1) % self.rows
+            self.data["truncated"][newest] |= ~self.data["terminated"][newest]
 
 
 class PrioritizedReplayBuffer(ReplayBuffer):
     """Proportional prioritized replay (Schaul et al. 2016, https://arxiv.org/abs/1511.05952) on the device.
 
-    Transition i is drawn with P(i) = p_i^alpha / sum_k p_k^alpha from a sum tree (one tensor, leaves at
-    ``[leaves, 2 * leaves)``) that is read and written for a whole batch per tree level, never per item. New
-    transitions get the largest priority seen so far; ``update_priorities`` sets p_i = |td_error_i| + eps. Batches
-    carry ``index`` and the importance-sampling ``weight`` w_i = (n P(i))^-beta / max_batch w (n: stored items).
+    Transition i is drawn with P(i) = p_i^alpha / sum_k p_k^alpha from a sum tree (one float64 tensor, leaves at
+    ``[leaves, 2 * leaves)``), always for a whole batch, never per item: a write sets the leaves and adds each
+    changed leaf's difference to all of its ancestors in one scatter-add; a draw takes two binary searches, one in
+    the prefix sums of the nodes ``span_levels`` above the leaves, one in the prefix sums of the (at most
+    ``2 ** span_levels``) leaves under the node it found. New transitions get the largest priority seen so far;
+    ``update_priorities`` sets p_i = |td_error_i| + eps. Batches carry ``index`` and the importance-sampling
+    ``weight`` w_i = (n P(i))^-beta / max_batch w (n: stored items).
     """
+
+    span_levels = 8
+    """A draw's first search runs over the tree level this many levels above the leaves (its nodes hold up to 256
+    leaves each), its second over the leaves of one such node."""
 
     def __init__(self, capacity: int, num_envs: int, device: torch.device | str, alpha: float,
                  eps: float = 1e-6) -> None:
@@ -98,6 +115,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         self.leaves = 1 << self.depth
         self.tree = torch.zeros(2 * self.leaves, dtype=torch.float64, device=self.device)  # sums need float64
         self.max_priority = torch.ones((), dtype=torch.float64, device=self.device)
+        self._levels_up = torch.arange(1, self.depth + 1, device=self.device)[:, None]  # node >> k: its ancestors
 
     def add(self, traj: Batch) -> None:
         start, horizon = self.ptr, min(next(iter(traj.values())).shape[0], self.rows)
@@ -107,24 +125,32 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         self._set(idx, self.max_priority.pow(self.alpha).expand(idx.shape[0]))
 
     def _set(self, idx: torch.Tensor, value: torch.Tensor) -> None:
-        node = idx + self.leaves
-        self.tree[node] = value
-        for _ in range(self.depth):  # recompute every ancestor from its two children, level by level
-            node = node // 2
-            self.tree[node] = self.tree[2 * node] + self.tree[2 * node + 1]
+        """Leaves ``idx`` (B,) := ``value`` (B,); a repeated index is written once and its change counted once."""
+        node, order = (idx + self.leaves).sort()
+        old = self.tree[node]
+        self.tree[node] = value[order].to(self.tree.dtype)
+        first = torch.ones_like(node, dtype=torch.bool)
+        first[1:] = node[1:] != node[:-1]  # sorted: the first copy of every index
+        change = (self.tree[node] - old) * first
+        ancestors = node >> self._levels_up  # (depth, B): parents, grandparents ... the root
+        self.tree.index_put_((ancestors.flatten(),), change.expand(self.depth, -1).flatten(), accumulate=True)
 
     def sample(self, batch_size: int, n_step: int = 1, gamma: float = 0.99, beta: float = 1.0) -> Batch:
         total = self.tree[1]
         # stratified: one uniform draw in each of batch_size equal slices of the total priority mass
         mass = (torch.arange(batch_size, device=self.device) + torch.rand(batch_size, device=self.device,
                                                                           dtype=torch.float64)) / batch_size * total
-        node = torch.ones(batch_size, dtype=torch.long, device=self.device)
-        for _ in range(self.depth):
-            left = self.tree[2 * node]
-            go_right = mass > left
-            mass = torch.where(go_right, mass - left, mass)
-            node = 2 * node + go_right
-        idx = (node - self.leaves).clamp(max=self.size * self.num_envs - 1)  # float round-off at the right edge
+        # 1. the node k of level `top` whose share of the prefix sums holds the mass (right=True skips empty nodes)
+        span = min(self.span_levels, self.depth)
+        top = self.depth - span
+        level = self.tree[1 << top:2 << top].cumsum(0)
+        k = torch.searchsorted(level, mass, right=True).clamp_(max=(1 << top) - 1)
+        mass = mass - torch.where(k > 0, level[(k - 1).clamp(min=0)], 0.0)
+        # 2. the leaf under node k whose share holds what is left of the mass
+        leaf = (k << span).unsqueeze(1) + torch.arange(1 << span, device=self.device)  # (B, 2 ** span)
+        below = self.tree[leaf + self.leaves].cumsum(1)
+        pos = torch.searchsorted(below, mass.unsqueeze(1), right=True).clamp_(max=(1 << span) - 1)
+        idx = leaf.gather(1, pos).squeeze(1).clamp(max=self.size * self.num_envs - 1)  # round-off at the right edge
         weight = (self.size * self.num_envs * self.tree[idx + self.leaves] / total).pow(-beta)
         batch = self.gather(idx, n_step, gamma)
         batch["index"], batch["weight"] = idx, (weight / weight.max()).float()

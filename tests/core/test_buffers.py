@@ -172,3 +172,14 @@ def test_rollout_buffer() -> None:
     flat = buf.flat()
     assert flat["obs"].shape == (8, 3) and flat["advantage"].shape == (8,)
     assert buf.state_dict() == ({}, {})
+
+
+def test_state_dict_loads_into_a_used_buffer() -> None:
+    buf = ReplayBuffer(6 * N, N, "cpu")
+    buf.add(_traj(0, 4))
+    used = ReplayBuffer(6 * N, N, "cpu")
+    used.add(_traj(50, 3))  # ptr 3: the loaded rows must still land at [0, size)
+    used.load_state_dict(*buf.state_dict())
+    assert (used.ptr, used.size) == (buf.ptr, buf.size)
+    for key in buf.data:
+        assert torch.equal(used.data[key][:4], buf.data[key][:4])

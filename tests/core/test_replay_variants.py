@@ -44,10 +44,12 @@ def test_sum_tree_total_and_new_items_at_max_priority() -> None:
         assert torch.allclose(buf.tree[nodes], buf.tree[2 * nodes] + buf.tree[2 * nodes + 1])
 
 
-def test_sampling_frequencies_follow_priorities_to_the_alpha() -> None:
+@pytest.mark.parametrize("span_levels", [0, 2, 8])  # 16 leaves: searches over 16 x 1, 4 x 4 and 1 x 16
+def test_sampling_frequencies_follow_priorities_to_the_alpha(span_levels: int) -> None:
     torch.manual_seed(0)
     alpha, n = 0.6, 12
     buf = PrioritizedReplayBuffer(capacity=n, num_envs=2, device="cpu", alpha=alpha)
+    buf.span_levels = span_levels
     buf.add(_traj(6, 2))
     td = torch.linspace(0.1, 4.0, n)
     buf.update_priorities(torch.arange(n), td)
@@ -58,6 +60,29 @@ def test_sampling_frequencies_follow_priorities_to_the_alpha() -> None:
     # stratified sampling is at least as precise as multinomial: 5 binomial standard deviations
     sigma = (expected * (1 - expected) / draws.numel()).sqrt()
     assert ((freq - expected).abs() <= 5 * sigma).all(), (freq, expected)
+
+
+def test_sum_tree_stays_the_sum_of_its_leaves() -> None:
+    """Many batched writes (repeated indices, wrap-arounds) keep every inner node equal to the sum of the leaves
+    below it, and the leaves equal to the priorities last written."""
+    g = torch.Generator().manual_seed(3)
+    buf = PrioritizedReplayBuffer(capacity=300, num_envs=3, device="cpu", alpha=0.6)
+    expected = torch.zeros(buf.leaves, dtype=torch.float64)
+    for k in range(200):
+        start = buf.ptr
+        buf.add(_traj(5, 3, start=5 * k, seed=k))
+        rows = (start + torch.arange(5)) % buf.rows
+        expected[(rows[:, None] * 3 + torch.arange(3)).flatten()] = buf.max_priority.item() ** 0.6
+        distinct = torch.randperm(len(buf), generator=g)[:24]
+        idx = distinct.repeat_interleave(2)  # every index twice, with the same TD error as in a real batch
+        td = (torch.rand(len(distinct), generator=g, dtype=torch.float64) * 5).repeat_interleave(2)
+        buf.update_priorities(idx, td)
+        expected[idx] = (td.abs() + buf.eps) ** 0.6
+    assert torch.equal(buf.tree[buf.leaves:], expected)
+    level = expected
+    for depth in range(buf.depth - 1, -1, -1):  # every level, from the leaves' parents up to the root
+        level = level.view(-1, 2).sum(1)
+        torch.testing.assert_close(buf.tree[1 << depth:2 << depth], level, rtol=1e-12, atol=1e-9)
 
 
 def test_importance_weights_match_the_formula() -> None:
@@ -158,3 +183,32 @@ def test_prioritized_n_step_training_runs_and_resumes(algo: str, env: str, tmp_p
     assert agent.config.use_per and agent.config.n_step == 3
     resumed = jaderl.resume(tmp_path / "run", total_steps=600)
     assert resumed.steps == 600
+
+
+def test_n_step_sums_stop_where_a_resumed_run_restarted_its_envs(tmp_path: Path) -> None:
+    """A resumed run resets its envs, so the episodes in progress at the checkpoint end at the buffer's newest
+    row: their n-step sums must not add the rewards of the new episodes appended after the resume."""
+    from jaderl.core.loop import restore_state
+
+    gamma, n_step = 0.9, 3
+    settings = dict(num_envs=4, hidden=[16], total_steps=160, warmup_steps=1_000, batch_size=16, buffer_size=400,
+                    n_step=n_step, gamma=gamma, eval_every=160, checkpoint_every=160, eval_episodes=1,
+                    device="cpu")
+    jaderl.train("dqn", "jaderl/CartPole-v1", run_dir=str(tmp_path / "run"), **settings)
+    config = make_config("dqn", "jaderl/CartPole-v1", **settings)
+    env = make_env(config.env, 4, "cpu", seed=0)
+    agent = DQN(config, env, torch.device("cpu"))
+    buf = agent.make_buffer()
+    restore_state(tmp_path / "run", agent, buf, env)  # as jaderl.resume does
+    last = (buf.ptr - 1) % buf.rows
+    cut = ~buf.data["terminated"][last]  # sub-envs whose episodes were in progress at the checkpoint
+    assert cut.any()
+    stored_next_obs = buf.data["next_obs"][last].clone()
+    buf.add(agent.explore(env, 2))  # new episodes from reset observations
+    assert not torch.equal(buf.data["obs"][(last + 1) % buf.rows][cut], stored_next_obs[cut])
+    batch = buf.gather(last * 4 + torch.arange(4), n_step, gamma)
+    torch.testing.assert_close(batch["reward"], buf.data["reward"][last])  # CartPole: 1, not 1 + 0.9 + 0.81
+    torch.testing.assert_close(batch["discount"], torch.full((4,), gamma))
+    assert torch.equal(batch["next_obs"], stored_next_obs)  # the truncated steps bootstrap from their real state
+    assert torch.equal(batch["terminated"], buf.data["terminated"][last])
+    env.close()
