@@ -92,24 +92,29 @@ def train(config: Config, agent_cls: type[Agent], resume: bool = False,
     device = resolve_device(config.device)
     torch.manual_seed(config.seed)
     env = make_env(config.env, config.num_envs, device, seed=config.seed, workers=config.env_workers)
-    try:
+    try:  # a failing set-up (bad checkpoint, run directory, peers) closes the env: no worker process outlives it
         check_actions(config, agent_cls, env.is_discrete)
-    except ConfigError:
+        run_dir = prepare_run_dir(config, resume) if coordinator is None else Path(config.run_dir)
+        agent = agent_cls(config, env, device)
+        accelerate(agent)  # config.compile: compiled act and loss functions, eager fallback
+        buffer = agent.make_buffer()
+        counters = restore_state(run_dir, agent, buffer, env) if resume else new_counters(config)
+        if coordinator is not None:
+            coordinator.attach(agent)
+        config.save_yaml(run_dir / "config.yaml")
+        evaluator: Evaluator | None = None  # learners r > 0 neither evaluate nor log: no eval env, metrics.csv, tb/
+        if coordinator is None or coordinator.is_main:
+            eval_env = make_env(config.env, config.eval_episodes, device, seed=config.seed + 1)
+            evaluator = Evaluator(eval_env, run_dir, seed=config.seed + 1, resume_step=agent.steps if resume else None)
+    except BaseException:
         env.close()
         raise
-    run_dir = prepare_run_dir(config, resume) if coordinator is None else Path(config.run_dir)
-    agent = agent_cls(config, env, device)
-    accelerate(agent)  # config.compile: compiled act and loss functions, eager fallback
-    buffer = agent.make_buffer()
-    counters = restore_state(run_dir, agent, buffer, env) if resume else new_counters(config)
-    if coordinator is not None:
-        coordinator.attach(agent)
-    config.save_yaml(run_dir / "config.yaml")
-    eval_env = make_env(config.env, config.eval_episodes, device, seed=config.seed + 1)
-    evaluator = Evaluator(eval_env, run_dir, seed=config.seed + 1, resume_step=agent.steps if resume else None)
 
     def checkpoint() -> None:
         save_state(run_dir, config, counters, agent, buffer, env)
+
+    def best_return() -> float:
+        return evaluator.best_return if evaluator is not None else -math.inf
 
     last_eval, reason = math.nan, ""
     start = time.perf_counter() - counters["time_s"]
@@ -126,7 +131,7 @@ def train(config: Config, agent_cls: type[Agent], resume: bool = False,
             # 2. decide whether to stop (the evaluation below may also stop it)
             reason = budget_reason(config, agent.steps, counters["time_s"], run_dir)
             # 3. evaluate and log (the only host syncs of the loop)
-            if (coordinator is None or coordinator.is_main) and (agent.steps >= counters["next_eval"] or reason):
+            if evaluator is not None and (agent.steps >= counters["next_eval"] or reason):
                 counters["next_eval"] = (agent.steps // config.eval_every + 1) * config.eval_every
                 logged = checked_floats(stats, agent.steps) | agent.episode_stats()
                 last_eval = evaluator.evaluate(agent, agent.steps, counters["time_s"], logged)["eval_return_mean"]
@@ -141,17 +146,18 @@ def train(config: Config, agent_cls: type[Agent], resume: bool = False,
                 checkpoint()
             if progress is not None:
                 progress({"steps": agent.steps, "time_s": counters["time_s"], "eval_return": last_eval,
-                          "best_eval_return": evaluator.best_return, "done": bool(reason)})
+                          "best_eval_return": best_return(), "done": bool(reason)})
     except KeyboardInterrupt:
         counters["time_s"] = time.perf_counter() - start
         checkpoint()
         reason = "interrupted"
     finally:
         env.close()
-        evaluator.close()
-    solved = config.target_return is not None and evaluator.best_return >= config.target_return
+        if evaluator is not None:
+            evaluator.close()
+    solved = config.target_return is not None and best_return() >= config.target_return
     return TrainResult(solved=solved, steps=agent.steps, time_s=round(counters["time_s"], 3),
-                       best_eval_return=evaluator.best_return, last_eval_return=last_eval, stop_reason=reason,
+                       best_eval_return=best_return(), last_eval_return=last_eval, stop_reason=reason,
                        run_dir=str(run_dir))
 
 

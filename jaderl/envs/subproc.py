@@ -358,8 +358,11 @@ class SubprocVecEnv(GymnasiumSpaces):
         layout, size = _layout(self.num_envs, self.obs_shape, np.dtype(obs_space.dtype), act_shape, act_dtype)
         workers.shm = shared_memory.SharedMemory(create=True, size=size)
         workers.views = _views(workers.shm.buf, layout)
-        for conn in workers.conns:
-            conn.send((workers.shm.name, layout))
+        for k, conn in enumerate(workers.conns):
+            try:
+                conn.send((workers.shm.name, layout))
+            except OSError:  # it died after sending its spaces
+                raise EnvError(self._death(k)) from None
         workers.local_views = _slice_views(workers.views, *self._local_slice)
         self._gather()
 

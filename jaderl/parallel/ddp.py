@@ -193,10 +193,14 @@ class Learners:
 # --- the learner processes ---
 
 def _die_with_parent() -> None:
-    """Ask Linux to kill this process when its parent dies (elsewhere the parent's watch has to do)."""
+    """Ask Linux to kill this process when its parent dies (elsewhere the parent's watch has to do), and die now if
+    it already has: the request covers only a death after it, and a learner makes it seconds after its start."""
     if sys.platform.startswith("linux"):
         with contextlib.suppress(OSError, AttributeError):
             ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    parent = mp.parent_process()
+    if parent is not None and os.getppid() != parent.pid:  # adopted by another process: the parent is gone
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _learner(rank: int, world: int, port: int, config: Config, agent_cls: type[Agent], resume: bool,

@@ -249,7 +249,7 @@ class _Pipeline:
         """Start the children and wait until the evaluator has set up the run's metrics."""
         for process in self.processes.values():
             process.start()
-        self.best_return = self._get(self.results)[1]
+        self.best_return = self._get(self.results, "evaluator")[1]
 
     # --- watching ---
     def check(self) -> None:
@@ -271,12 +271,20 @@ class _Pipeline:
                     raise WorkerError(f"{name} {how}; see its output above") from None
                 raise WorkerError(f"{name} failed: {message}")
 
-    def _get(self, source: Any) -> Any:
+    def _get(self, source: Any, sender: str) -> Any:
+        """The next item ``sender`` put in ``source``, checking on the children while waiting.
+
+        Tensors travel as file descriptors that the sender hands over when the item is read, so an item whose sender
+        died after putting it cannot be read: that raises the sender's failure, not an unrelated OSError."""
         while True:
             try:
                 return source.get(timeout=POLL_S)
             except queue.Empty:
                 self.check()
+            except Exception:
+                self.processes[sender].join(JOIN_S)  # it is exiting: wait for its exit code and error report
+                self.check()
+                raise
 
     # --- the learner's verbs ---
     def publish(self) -> None:
@@ -294,7 +302,7 @@ class _Pipeline:
     def collect(self) -> dict[str, torch.Tensor]:
         """One trajectory from every worker, joined along the sub-env axis on the learner's device."""
         self.check()  # also when trajectories are always ready and no wait below times out
-        parts = [self._get(q) for q in self.trajectories]
+        parts = [self._get(q, f"explorer worker {w}") for w, q in enumerate(self.trajectories)]
         version = self.shared.version.value
         self.policy_lag = sum(version - p[2] for p in parts) / len(parts)
         if self.agent.on_policy and self.policy_lag:
@@ -317,7 +325,7 @@ class _Pipeline:
         if not self.eval_pending:
             return None
         try:
-            _, value = self._get(self.results) if wait else self.results.get_nowait()
+            _, value = self._get(self.results, "evaluator") if wait else self.results.get_nowait()
         except queue.Empty:
             return None
         self.eval_pending = False

@@ -177,6 +177,37 @@ def test_killed_worker_is_detected(when: str) -> None:
     assert _gone(pids)
 
 
+class DiesAfterHandshake(EchoEnv):
+    """Built in a worker, it has the worker killed 0.5 s later, once the worker has sent its spaces; built in this
+    process (the caller's slice, after the workers were started), it waits until that worker is dead. So the worker
+    dies between the two steps of the set-up: sending its spaces and receiving the shared memory's name."""
+
+    def __init__(self, marker: str) -> None:
+        super().__init__()
+        if mp.parent_process() is not None:
+            Path(marker + ".tmp").write_text(str(os.getpid()))
+            Path(marker + ".tmp").rename(marker)
+            threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGKILL)).start()
+            return
+        deadline = time.monotonic() + 30
+        while not Path(marker).exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        stat = Path(f"/proc/{Path(marker).read_text()}/stat")
+        while time.monotonic() < deadline:  # until it is gone (its parent, the forkserver, reaps it) or a zombie
+            try:
+                if stat.read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                    break
+            except OSError:
+                break
+            time.sleep(0.01)
+
+
+def test_worker_dying_during_set_up_is_reported_by_name(tmp_path: Path) -> None:
+    with pytest.raises(EnvError, match=r"^worker jaderl-DiesAfterHandshake-worker0 failed: it died \(was killed by "
+                                       r"signal 9\)"):
+        SubprocVecEnv(DiesAfterHandshake, num_envs=2, num_workers=1, env_kwargs={"marker": str(tmp_path / "pid")})
+
+
 @pytest.mark.parametrize("how", ["close", "garbage collection"])
 def test_no_process_left_behind(how: str, descendants: Callable[[], dict[int, tuple[str, str]]]) -> None:
     env = SubprocVecEnv("CartPole-v1", num_envs=2, num_workers=2)
@@ -268,3 +299,15 @@ def test_training_steps_a_gymnasium_env_in_worker_processes(tmp_path) -> None:
 def test_more_workers_than_envs_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="env_workers=3 is more than num_envs=2"):
         make_config("ppo", "CartPole-v1", env_workers=3, num_envs=2)
+
+
+def test_a_failing_set_up_closes_the_workers_at_once(tmp_path) -> None:
+    """The loop builds the env first; when the set-up after it fails (here: a run directory that already holds a
+    run), the error must not leave the env's workers running until the env happens to be garbage collected."""
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "config.yaml").write_text("algo: ppo\n")
+    with pytest.raises(ConfigError, match="already holds a run") as failure:
+        jaderl.train("ppo", "CartPole-v1", env_workers=1, num_envs=2, horizon=8, minibatch_size=16,
+                     run_dir=str(tmp_path / "run"), device="cpu")
+    assert failure.traceback  # the traceback, and with it the env, is still alive here
+    assert not [p for p in mp.active_children() if p.name.startswith("jaderl-")]

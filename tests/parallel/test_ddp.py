@@ -11,6 +11,9 @@ import json
 import os
 import shutil
 import signal
+import subprocess
+import sys
+import textwrap
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -237,6 +240,14 @@ def test_learners_hold_identical_state(cli_run: tuple[Path, dict[str, Any]]) -> 
     assert not torch.equal(main_state["rng"]["torch"], other_state["rng"]["torch"])
 
 
+def test_only_learner_0_evaluates_and_logs(cli_run: tuple[Path, dict[str, Any]]) -> None:
+    """Learner 1 keeps its checkpoint (and config) only: no evaluator, so no metrics.csv, TensorBoard or curve."""
+    run_dir = cli_run[0]
+    assert (run_dir / "metrics.csv").exists() and any((run_dir / "tb").iterdir())
+    learner_1 = sorted(p.name for p in (run_dir / "learner-1").iterdir())
+    assert learner_1 == ["checkpoint.json", "ckpt-160.safetensors", "config.yaml"]
+
+
 def test_a_learner_without_a_matching_checkpoint_gets_learner_0s(cli_run: tuple[Path, dict[str, Any]],
                                                                 tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
@@ -278,6 +289,37 @@ def test_a_failing_learner_is_reported_by_name(agent_cls: type[PPO], expected: s
         train_ddp(config, agent_cls)
     failed_at = float((tmp_path / "run" / "learner-1" / "failed_at").read_text())
     assert time.time() - failed_at < 10.0
+
+
+def test_a_learner_whose_parent_died_while_it_started_exits(no_leftover_processes: None) -> None:
+    """Linux kills a learner whose parent dies only once the learner has asked for it, seconds after its start
+    (importing torch): one whose parent was killed before must exit at once too, not wait a minute for the
+    rendezvous. Here the learner is a grandchild of this process, so its exit is read from its stdout."""
+    script = textwrap.dedent("""
+        import multiprocessing as mp, os, time
+
+        def learner():
+            print(os.getpid(), flush=True)
+            while os.getppid() == mp.parent_process().pid:
+                time.sleep(0.01)
+            from jaderl.parallel.ddp import _die_with_parent
+            _die_with_parent()
+            print("survived", flush=True)
+            time.sleep(60)
+
+        mp.get_context("fork").Process(target=learner).start()
+        os._exit(0)  # the run, killed while its learner starts
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    learner = int(proc.stdout.readline())
+    proc.wait()
+    try:
+        assert proc.stdout.readline() == ""  # end of file: the learner exited without a word
+    finally:
+        with contextlib.suppress(OSError):
+            os.kill(learner, signal.SIGKILL)
+        proc.stdout.close()
 
 
 def test_ctrl_c_checkpoints_ends_every_learner_and_resumes(tmp_path: Path, no_leftover_processes: None) -> None:

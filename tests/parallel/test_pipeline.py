@@ -5,8 +5,10 @@ Every test checks that no process is left behind (fixture ``no_leftover_processe
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
+import multiprocessing as mp
 import os
 import signal
 import subprocess
@@ -15,14 +17,20 @@ import textwrap
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
+import torch
 
 import jaderl
+from jaderl.algos.sac import SAC
+from jaderl.api import make_config
 from jaderl.cli import main as cli_main
 from jaderl.core.checkpoint import load_checkpoint
 from jaderl.core.config import ConfigError
-from jaderl.parallel.pipeline import WORKER_SEED_STRIDE, WorkerError
+from jaderl.envs import make_env
+from jaderl.envs.vec import VecEnv
+from jaderl.parallel.pipeline import POLL_S, WORKER_SEED_STRIDE, WorkerError, _Pipeline
 
 pytestmark = pytest.mark.usefixtures("no_leftover_processes")
 
@@ -173,3 +181,167 @@ def test_cli_workers_flag_and_bad_env(tmp_path: Path, capsys: pytest.CaptureFixt
     with pytest.raises(SystemExit):
         cli_main(["train", "ppo", "jaderl/CartPole-v1", "--workers", "2", "--learners", "2"])
     assert "cannot be combined" in capsys.readouterr().err
+
+
+# --- a peer that dies at the worst moment ---
+
+def _pipeline(run_dir: Path, agent_cls: type[SAC] = SAC) -> _Pipeline:
+    """The learner's side of a SAC pipeline on jaderl/Pendulum-v1 (SMALL_SAC), its children not started yet."""
+    config = make_config("sac", "jaderl/Pendulum-v1", run_dir=str(run_dir), seed=0, **SMALL_SAC)
+    run_dir.mkdir()
+    env = make_env(config.env, config.num_envs * config.workers, "cpu")
+    agent = agent_cls(config, env, torch.device("cpu"))
+    env.close()
+    return _Pipeline(config, agent_cls, agent, resume_step=None)
+
+
+def _family(root: int) -> set[int]:
+    """The pids of ``root``'s descendants, read from /proc."""
+    parents = {}
+    for entry in Path("/proc").iterdir():
+        with contextlib.suppress(OSError, ValueError):
+            stat = (entry / "stat").read_text()
+            parents[int(entry.name)] = int(stat[stat.rindex(")") + 2:].split()[1])
+    found, frontier = set(), [root]
+    while frontier:
+        parent = frontier.pop()
+        for pid, ppid in parents.items():
+            if ppid == parent and pid not in found:
+                found.add(pid)
+                frontier.append(pid)
+    return found
+
+
+def _running(pids: set[int]) -> set[int]:
+    """Those of ``pids`` that still run (neither gone nor a zombie waiting to be reaped)."""
+    running = set()
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            if stat[stat.rindex(")") + 2] != "Z":
+                running.add(pid)
+    return running
+
+
+def _hold_lock(lock: Any, held: Any) -> None:
+    """A child that takes the policy lock and keeps it until it is killed."""
+    lock.acquire()
+    held.set()
+    time.sleep(120)
+
+
+@pytest.mark.timeout(60)
+def test_learner_waiting_for_the_lock_of_a_killed_worker_names_it(tmp_path: Path) -> None:
+    """A process killed while it holds the policy lock never releases it: the learner's publish must not wait for
+    ever but report the dead worker by name, and an explorer waiting for the lock must leave when told to stop."""
+    pipeline = _pipeline(tmp_path / "run")
+    ctx = mp.get_context("forkserver")
+    held = ctx.Event()
+    holder = ctx.Process(target=_hold_lock, args=(pipeline.shared.lock, held), name="jaderl-lock-holder", daemon=True)
+    pipeline.processes["explorer worker 1"] = holder  # in place of the real worker 1, which is not started
+    explorer = pipeline.processes["explorer worker 0"]
+    killer = threading.Timer(2 * POLL_S, lambda: os.kill(holder.pid, signal.SIGKILL))
+    try:
+        holder.start()
+        assert held.wait(30)
+        explorer.start()  # its first round waits for the lock
+        time.sleep(2 * POLL_S)
+        killer.start()  # while the learner waits for the lock too
+        start = time.monotonic()
+        with pytest.raises(WorkerError, match=r"^explorer worker 1 was killed by signal 9"):
+            pipeline.publish()
+        assert time.monotonic() - start < 2 * POLL_S + 3
+    finally:
+        killer.cancel()
+        pipeline.close()
+    assert explorer.exitcode == 0  # it left its wait when told to stop (terminating it would give exit code 1)
+
+
+def _learner_killed_holding_the_lock(run_dir: str, pids: Any) -> None:
+    """A learner that takes the policy lock before it starts its explorers and evaluator, as if it were killed while
+    publishing: every explorer waits for the lock from its first round. Sends their pids, then waits to be killed."""
+    pipeline = _pipeline(Path(run_dir))
+    pipeline.shared.lock.acquire()
+    pipeline.start()
+    pids.put(sorted(p.pid for p in pipeline.processes.values()))
+    time.sleep(120)
+
+
+@pytest.mark.timeout(120)
+def test_children_of_a_learner_killed_while_holding_the_lock_exit(tmp_path: Path) -> None:
+    """Explorers waiting for the lock of a learner killed while it held it, and the evaluator, see that they are
+    orphaned and exit within seconds (and with them the learner's forkserver): they are no longer this process's
+    descendants then, so the test follows them by pid."""
+    ctx = mp.get_context("forkserver")
+    pids = ctx.Queue()
+    learner = ctx.Process(target=_learner_killed_holding_the_lock, args=(str(tmp_path / "run"), pids),
+                          name="jaderl-test-learner")
+    learner.start()
+    family: set[int] = set()
+    try:
+        children = set(pids.get(timeout=60))  # 2 explorers and the evaluator
+        time.sleep(2 * POLL_S)
+        family = _family(learner.pid)  # with the learner's forkserver
+        assert len(children) == 3 and children <= _running(family)  # waiting, not gone for another reason
+        os.kill(learner.pid, signal.SIGKILL)
+        learner.join()
+        deadline = time.monotonic() + 10
+        while _running(family) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _running(family), "children of the killed learner still run"
+    finally:
+        for pid in _running(family):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        if learner.is_alive():
+            learner.kill()
+            learner.join()
+        pids.close()
+
+
+class SACFailingAfterSending(SAC):
+    """SAC whose explorer worker 1 sends its first trajectory, then, at the start of its second round, waits for the
+    file ``fail`` in the run directory and fails as it says: ``kill`` (SIGKILL) or ``raise``."""
+
+    rounds = 0
+
+    def explore(self, env: VecEnv, horizon: int) -> dict[str, torch.Tensor]:
+        self.rounds += 1
+        if mp.current_process().name == "jaderl-explorer1" and self.rounds == 2:
+            fail, deadline = Path(self.config.run_dir) / "fail", time.monotonic() + 60
+            while not fail.exists() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            if fail.read_text() == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            raise RuntimeError("injected")
+        return super().explore(env, horizon)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("how", "expected"), [("kill", r"^explorer worker 1 was killed by signal 9"),
+                                               ("raise", r"^explorer worker 1 failed: RuntimeError: injected")])
+def test_worker_that_dies_after_sending_a_trajectory_is_named(how: str, expected: str, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tensors of a trajectory are handed over by their sender when the learner reads them: a worker that dies
+    between the learner's check on its children and that read is reported by name, as any other failure."""
+    run_dir = tmp_path / "run"
+    pipeline = _pipeline(run_dir, SACFailingAfterSending)
+    checked = pipeline.check
+
+    def check_then_fail() -> None:  # worker 1 fails right after the learner found every child well
+        checked()
+        if not (run_dir / "fail").exists():
+            (run_dir / "fail.tmp").write_text(how)
+            (run_dir / "fail.tmp").rename(run_dir / "fail")
+            pipeline.processes["explorer worker 1"].join(30)
+
+    try:
+        pipeline.start()
+        deadline = time.monotonic() + 60
+        while any(q.empty() for q in pipeline.trajectories) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        monkeypatch.setattr(pipeline, "check", check_then_fail)
+        with pytest.raises(WorkerError, match=expected):
+            pipeline.collect()
+    finally:
+        pipeline.close()
