@@ -49,7 +49,7 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
-from urllib.parse import unquote
+from urllib.parse import quote, unquote
 
 import numpy as np
 import torch
@@ -361,6 +361,23 @@ def parse_env_id(env_id: str) -> StockOptions:
     if "split" in values:
         fields["split"] = _parse_date(values["split"], f"option split of env id {env_id!r}")
     return StockOptions(**fields)
+
+
+def with_absolute_csv(env_id: str) -> str:
+    """``env_id`` with a relative ``csv=`` path made absolute (from the current directory), every other option kept
+    as written; ids without a relative ``csv`` come back unchanged. Run configs store this form, so resuming,
+    evaluating and backtesting read the same file from any directory."""
+    base, _, query = env_id.partition("?")
+    if base != STOCK_ID or not query:
+        return env_id
+    parts = query.split("&")
+    for i, part in enumerate(parts):
+        key, sep, value = part.partition("=")
+        if key.strip() == "csv" and sep and value.strip():
+            path = Path(unquote(value.strip()))
+            if not path.is_absolute():  # %-encoded again, so that ``&``, ``?`` or ``%`` in the path stay one value
+                parts[i] = "csv=" + quote(str(path.expanduser().resolve()), safe="/\\:~")
+    return f"{base}?{'&'.join(parts)}"
 
 
 def load_market(options: StockOptions) -> Market:

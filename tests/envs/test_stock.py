@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import math
@@ -24,6 +25,7 @@ from jaderl.envs.stock import (
     periods_per_year,
     portfolio_metrics,
     read_prices,
+    with_absolute_csv,
 )
 from jaderl.envs.vec import EnvError, VecEnv
 
@@ -331,3 +333,28 @@ def test_train_resume_and_backtest_through_the_cli(tmp_path: Path, capsys: pytes
     assert report["agent"]["max_drawdown"] >= 0 and math.isfinite(report["agent"]["sharpe_ratio"])
     assert cli.main(["backtest", str(run_dir)]) == 0
     assert "cumulative return" in capsys.readouterr().out
+
+
+def test_a_relative_csv_path_is_found_from_any_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    data = tmp_path / "data dir & more"  # a space and an ampersand: the path must stay one option value
+    data.mkdir()
+    csv_path = _synthetic_csv(data)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(data)
+    relative = STOCK_ID + f"?csv={csv_path.name}&episode=4&hmax=50"
+    assert with_absolute_csv(STOCK_ID) == STOCK_ID and with_absolute_csv("Pendulum-v1") == "Pendulum-v1"
+    absolute = with_absolute_csv(relative)
+    assert parse_env_id(absolute) == dataclasses.replace(parse_env_id(relative), csv=str(csv_path.resolve()))
+    assert with_absolute_csv(absolute) == absolute  # already absolute: unchanged
+    run_dir = tmp_path / "run"
+    settings = dict(num_envs=4, horizon=8, minibatch_size=16, num_epochs=1, hidden=[16], eval_every=32,
+                    checkpoint_every=32, eval_episodes=1, device="cpu", seed=0)
+    result = api.train("ppo", relative, total_steps=32, run_dir=str(run_dir), **settings)
+    assert result.steps == 32 and api.make_config("ppo", relative).env == absolute
+    monkeypatch.chdir(elsewhere)  # the relative path no longer names the file from here
+    assert api.resume(run_dir, total_steps=64).steps == 64
+    capsys.readouterr()
+    assert cli.main(["backtest", str(run_dir), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["env_id"] == absolute
