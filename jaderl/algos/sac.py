@@ -11,8 +11,11 @@ The critics are one batched module (:class:`~jaderl.core.nets.EnsembleQ`, twin c
     3. alpha:  minimise E[-log alpha (log pi(a|s) + target_entropy)],  target_entropy = -action_dim
 (the target critics are Polyak-averaged after every critic step).
 
-REDQ (Chen et al. 2021, https://arxiv.org/abs/2101.05982) is the preset ``num_critics=10, num_target_critics=2,
-actor_reduce=mean`` with an update-to-data ratio ``updates_per_step`` > 1. ModSAC (``modsac=True``) adapts how often
+Steps 2 and 3 run on every ``actor_every``-th critic step (every one by default).
+
+REDQ (Chen et al. 2021, https://arxiv.org/abs/2101.05982, Algorithm 1) is the preset ``num_critics=10,
+num_target_critics=2, actor_reduce=mean`` with an update-to-data ratio ``updates_per_step=20`` and
+``actor_every=20``: twenty critic steps and one actor step per env step. ModSAC (``modsac=True``) adapts how often
 the actor learns to how well the critics fit: with c the running mean of the critic loss and lambda = exp(-c^2) in
 (0, 1], the actor steps only while actor_updates / critic_updates < 1 / (2 - lambda), i.e. on every critic step
 when the critics fit well (lambda -> 1) and on every second one when they do not (lambda -> 0). c is taken once per
@@ -54,10 +57,15 @@ class SACConfig(OffPolicyConfig, HTermConfig):
                                     "(REDQ's M); 0 uses every critic", low=0)
     actor_reduce: str = param("min", "how the actor's objective combines the critics: min or mean")
     modsac: bool = param(False, "ModSAC: update the actor less often while the critic loss is high")
+    actor_every: int = param(1, "one actor and alpha step per this many critic steps (REDQ: 20, i.e. one per env "
+                             "step at 20 updates per step)", low=1)
     init_alpha: float = param(1.0, "initial entropy coefficient", low=0.0, open_low=True)
 
     def validate(self) -> None:
         super().validate()
+        if self.modsac and self.actor_every > 1:
+            raise ConfigError(f"modsac=true schedules the actor's steps itself, so actor_every={self.actor_every} "
+                              "cannot apply; leave actor_every at 1 or set modsac=false")
         if self.actor_reduce not in ("min", "mean"):
             raise ConfigError(f"actor_reduce={self.actor_reduce!r} is invalid: use min or mean")
         if self.num_target_critics > self.num_critics:
@@ -165,7 +173,7 @@ class SAC(OffPolicyAgent):
         return (alpha * log_prob - value).mean(), log_prob.detach()
 
     def update_once(self, batch: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-        """One gradient step of critics, actor and alpha on a sampled batch (B, ...)."""
+        """One gradient step of the critics on a sampled batch (B, ...), then of the actor and alpha when due."""
         cfg = self.config
         obs = self.features(batch["obs"])
         alpha = self.log_alpha.exp().detach()
@@ -174,9 +182,20 @@ class SAC(OffPolicyAgent):
         self.optimize(self.critic_optimizer, critic_loss)
         self.soft_update(self.critic_target, self.critic, cfg.tau)
         self.critic_updates += 1
-        due: torch.Tensor | None = None
         if cfg.modsac:
             self._critic_loss_ema.lerp_(critic_loss.detach() / cfg.num_critics, 0.005)
+        if self.critic_updates % cfg.actor_every == 0:  # a host-side count: no sync
+            self.actor_step(obs, alpha)
+        stats = {"loss/critic": critic_loss.detach(), "alpha": alpha, "loss/actor": self._actor_stats[0],
+                 "policy/entropy": self._actor_stats[1]}
+        return stats, td_error.abs().mean(0)
+
+    def actor_step(self, obs: torch.Tensor, alpha: torch.Tensor) -> None:
+        """Steps 2 and 3 of the module docstring on features ``obs`` (B, obs_dim), after a critic step; ModSAC undoes
+        them where its schedule did not call for them."""
+        cfg = self.config
+        due: torch.Tensor | None = None
+        if cfg.modsac:
             fit = torch.exp(-self._critic_loss_seen.square())  # lambda, in float64 as the schedule's counters
             due = (self._actor_updates < self.critic_updates / (2.0 - fit)).squeeze(0)  # a bool on the device
             saved = self._actor_state()
@@ -194,9 +213,6 @@ class SAC(OffPolicyAgent):
             self._restore_where_not(due, saved)
             self._actor_updates += due
             self._actor_stats = torch.where(due, actor_stats, self._actor_stats)
-        stats = {"loss/critic": critic_loss.detach(), "alpha": alpha, "loss/actor": self._actor_stats[0],
-                 "policy/entropy": self._actor_stats[1]}
-        return stats, td_error.abs().mean(0)
 
     def _actor_tensors(self) -> list[torch.Tensor]:
         """The actor's and alpha's parameters and their optimizers' state tensors (created if not yet stepped)."""

@@ -98,6 +98,34 @@ def test_plain_sac_updates_the_actor_every_step() -> None:
     assert (agent.critic_updates, agent.actor_updates) == (4, 4)
 
 
+def test_redq_steps_the_actor_once_per_env_step() -> None:
+    """REDQ's Algorithm 1: G = 20 critic steps, then one actor (and alpha) step, per env step."""
+    agent, _ = _agent("redq")
+    assert (agent.config.updates_per_step, agent.config.actor_every) == (20.0, 20)
+    buffer = agent.make_buffer()
+    env = make_env(agent.config.env, 4, "cpu", seed=1)
+    buffer.add(agent.explore(env, 2))  # a batch's worth of transitions
+    buffer.add(agent.explore(env, agent.config.horizon))  # 4 env steps: 80 critic steps owed
+    actor_before = [p.detach().clone() for p in agent.actor.parameters()]
+    agent.update(buffer)
+    assert (agent.critic_updates, agent.actor_updates) == (80, 4)
+    assert all(not torch.equal(p, q) for p, q in zip(agent.actor.parameters(), actor_before, strict=True))
+
+
+def test_actor_every_skips_the_actor_and_alpha_in_between() -> None:
+    agent, batch = _agent("sac", actor_every=3)
+    snapshots = []
+    for _ in range(6):
+        agent.update_once(batch)
+        snapshots.append(([p.detach().clone() for p in agent.actor.parameters()], agent.log_alpha.detach().clone()))
+    assert (agent.critic_updates, agent.actor_updates) == (6, 2)
+    changed = [not torch.equal(snapshots[k][1], snapshots[k - 1][1]) for k in range(1, 6)]
+    assert changed == [False, True, False, False, True]  # alpha moves on critic steps 3 and 6 only
+    assert all(torch.equal(p, q) for p, q in zip(snapshots[3][0], snapshots[4][0], strict=True))
+    with pytest.raises(ConfigError, match="modsac=true schedules the actor"):
+        make_config("modsac", "jaderl/Pendulum-v1", actor_every=2)
+
+
 @pytest.mark.parametrize(("settings", "field"), [({"actor_reduce": "max"}, "actor_reduce"),
                                                  ({"num_critics": 2, "num_target_critics": 3}, "num_target_critics")])
 def test_invalid_ensemble_settings_are_rejected(settings: dict, field: str) -> None:
