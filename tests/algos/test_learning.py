@@ -28,27 +28,27 @@ CASES: dict[str, tuple[str, str, float, dict[str, Any]]] = {
                          {"seed": 0, "total_steps": 20_000, "eval_every": 1_000, "hidden": [64, 64]}),
     "ddpg-torch-pendulum": ("ddpg", "jaderl/Pendulum-v1", -200.0,  # ~5k steps, ~20 s (RL-Zoo's budget: 20k)
                             {"seed": 0, "total_steps": 20_000, "eval_every": 1_000, "hidden": [64, 64]}),
-    "dqn-torch-cartpole": ("dqn", "jaderl/CartPole-v1", 475.0,  # ~30k steps (RL-Zoo's budget: 50k)
+    "dqn-torch-cartpole": ("dqn", "jaderl/CartPole-v1", 475.0,  # ~40k steps (RL-Zoo's budget: 50k)
                            {"seed": 0, "total_steps": 50_000, "eval_every": 2_000}),
     # the DQN family on RL-Zoo's DQN budget (50k steps), each variant a preset of dqn.py
     "double_dqn-torch-cartpole": ("double_dqn", "jaderl/CartPole-v1", 475.0,  # ~22k steps
                                   {"seed": 0, "total_steps": 50_000, "eval_every": 2_000}),
     "dueling_dqn-torch-cartpole": ("dueling_dqn", "jaderl/CartPole-v1", 475.0,  # ~24k steps
                                    {"seed": 0, "total_steps": 50_000, "eval_every": 2_000}),
-    "d3qn-torch-cartpole": ("d3qn", "jaderl/CartPole-v1", 475.0,  # ~24k steps
+    "d3qn-torch-cartpole": ("d3qn", "jaderl/CartPole-v1", 475.0,  # ~18k steps
                             {"seed": 0, "total_steps": 50_000, "eval_every": 2_000}),
-    "noisy_dqn-torch-cartpole": ("noisy_dqn", "jaderl/CartPole-v1", 475.0,  # ~36k steps
+    "noisy_dqn-torch-cartpole": ("noisy_dqn", "jaderl/CartPole-v1", 475.0,  # ~38k steps
                                  {"seed": 0, "total_steps": 50_000, "eval_every": 2_000}),
-    "dqn-per-3step-torch-cartpole": ("dqn", "jaderl/CartPole-v1", 475.0,  # ~6k steps
+    "dqn-per-3step-torch-cartpole": ("dqn", "jaderl/CartPole-v1", 475.0,  # ~18k steps
                                      {"seed": 0, "total_steps": 50_000, "eval_every": 2_000, "use_per": True,
                                       "n_step": 3}),
-    "sac_discrete-torch-cartpole": ("sac_discrete", "jaderl/CartPole-v1", 475.0,  # ~32k steps (DQN family's 50k)
+    "sac_discrete-torch-cartpole": ("sac_discrete", "jaderl/CartPole-v1", 475.0,  # ~28k steps (DQN family's 50k)
                                     {"seed": 0, "total_steps": 50_000, "eval_every": 2_000, "hidden": [64, 64],
                                      "lr": 1e-3}),
     # SAC variants (RL-Zoo's SAC budget for Pendulum: 20k steps)
     "modsac-torch-pendulum": ("modsac", "jaderl/Pendulum-v1", -200.0,  # ~6k steps
                               {"seed": 0, "total_steps": 20_000, "eval_every": 1_000, "hidden": [64, 64], "lr": 1e-3}),
-    "redq-torch-pendulum": ("redq", "jaderl/Pendulum-v1", -200.0,  # ~1k steps, ~70 s; the paper's 20 updates per step
+    "redq-torch-pendulum": ("redq", "jaderl/Pendulum-v1", -200.0,  # ~1.5k steps; 20 critic, 1 actor step per env step
                             {"seed": 0, "total_steps": 20_000, "eval_every": 500, "hidden": [64, 64], "lr": 1e-3,
                              "warmup_steps": 500}),
     # policy gradients: budgets of RL-Zoo's A2C (CartPole 500k, Pendulum 1M); seeds 0-3 all solved when written
