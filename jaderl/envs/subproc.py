@@ -382,9 +382,11 @@ class SubprocVecEnv(GymnasiumSpaces):
         try:
             while pending:
                 events = _wait(self._poller, self._spin_s, _POLL_S * 1000)
-                for fd, _ in events:
+                for fd, event in events:
                     k = self._fds[fd]
-                    if k not in pending:
+                    if k not in pending:  # it answered this round, so only a hang-up wakes us: it died since
+                        if event & (select.POLLHUP | select.POLLERR):
+                            raise EnvError(self._death(k))
                         continue
                     pending.discard(k)
                     conn = workers.conns[k]

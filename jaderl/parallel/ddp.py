@@ -54,6 +54,7 @@ from jaderl.core.config import Config, ConfigError
 from jaderl.core.loop import TrainingError, TrainResult, prepare_run_dir, resolve_device, train
 from jaderl.core.nets import ObsNorm
 from jaderl.envs.vec import EnvError
+from jaderl.parallel.exits import SIGTERM_EXIT, describe_exit, exit_on_sigterm
 from jaderl.parallel.fusion import all_reduce_mean_, state_tensors
 
 SEED_STRIDE = 10_007
@@ -207,6 +208,7 @@ def _learner(rank: int, world: int, port: int, config: Config, agent_cls: type[A
              cuda_index: int | None, messages: Any) -> None:
     """One learner process: join the group, run the training loop, report the result (learner 0) or the error."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent turns Ctrl-C into a stop file
+    exit_on_sigterm()  # the loop's finally blocks close the env (and its worker processes) and the files
     _die_with_parent()
     try:
         if cuda_index is not None:
@@ -221,8 +223,11 @@ def _learner(rank: int, world: int, port: int, config: Config, agent_cls: type[A
         dist.destroy_process_group()
         code = 0
     except BaseException as exc:  # every failure goes to the parent, which reports it by rank
-        messages.put(("error", rank, type(exc).__name__, str(exc) or repr(exc), traceback.format_exc()))
-        code = 1
+        if isinstance(exc, SystemExit) and exc.code == SIGTERM_EXIT:
+            code = SIGTERM_EXIT  # nothing to report: the parent stopped it, or says that SIGTERM did
+        else:
+            messages.put(("error", rank, type(exc).__name__, str(exc) or repr(exc), traceback.format_exc()))
+            code = 1
     messages.close()
     messages.join_thread()
     sys.stdout.flush()
@@ -296,13 +301,6 @@ def _prepare_learner_dirs(config: Config, resume: bool) -> None:
         state["rng"] = {"torch": generator.get_state(), "cuda": None, "env": None}
         state["config"] = own.to_dict()
         save_checkpoint(learner_dir, state, int(main_step or 0))
-
-
-def _describe_exit(code: int) -> str:
-    if code < 0:
-        with contextlib.suppress(ValueError):
-            return f"was killed by {signal.Signals(-code).name}"
-    return f"exited with code {code} before it could report an error (its output above says why)"
 
 
 @contextlib.contextmanager
@@ -424,7 +422,7 @@ def _failure(processes: list[Any], errors: list[tuple[int, str, str, str]]) -> E
     reported = {rank for rank, *_ in errors}
     for rank, p in enumerate(processes):
         if p.exitcode not in (None, 0) and rank not in reported:
-            return TrainingError(f"learner {rank} {_describe_exit(p.exitcode)}; the other learners were stopped and "
+            return TrainingError(f"learner {rank} {describe_exit(p.exitcode)}; the other learners were stopped and "
                                  "the last checkpoint is kept")
     rank, name, message, trace = errors[0]
     if name in PASSED_ERRORS:

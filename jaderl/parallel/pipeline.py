@@ -35,7 +35,6 @@ import math
 import os
 import queue
 import signal
-import sys
 import time
 import traceback
 from collections.abc import Callable, Iterator
@@ -61,6 +60,7 @@ from jaderl.core.loop import (
     save_state,
 )
 from jaderl.envs import make_env
+from jaderl.parallel.exits import describe_exit, exit_on_sigterm
 
 POLL_S = 0.5
 """How often a waiting process checks on the others (seconds)."""
@@ -133,7 +133,7 @@ def _child_main(name: str, shared: _Shared, body: Callable[[], None]) -> None:
     """Run ``body`` in a child: SIGINT ignored (the learner decides), SIGTERM raising SystemExit (so ``finally``
     blocks close envs and files), one thread, errors reported by name."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
+    exit_on_sigterm()
     torch.set_num_threads(1)
     try:
         body()
@@ -266,9 +266,7 @@ class _Pipeline:
                 try:
                     name, message = self.shared.errors.get_nowait()
                 except queue.Empty:
-                    code = process.exitcode
-                    how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
-                    raise WorkerError(f"{name} {how}; see its output above") from None
+                    raise WorkerError(f"{name} {describe_exit(process.exitcode)}") from None
                 raise WorkerError(f"{name} failed: {message}")
 
     def _get(self, source: Any, sender: str) -> Any:

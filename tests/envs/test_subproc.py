@@ -177,6 +177,39 @@ def test_killed_worker_is_detected(when: str) -> None:
     assert _gone(pids)
 
 
+class SlowWhenSeeded(EchoEnv):
+    """Each ``step`` takes 30 s in the sub-env reset with ``slow_seed``, no time in the others."""
+
+    def __init__(self, slow_seed: int) -> None:
+        super().__init__()
+        self.slow_seed = slow_seed
+
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict]:
+        if self.seed_used == self.slow_seed:
+            time.sleep(30.0)
+        return super().step(action)
+
+
+def test_worker_dying_after_it_answered_is_detected_while_another_still_steps() -> None:
+    # worker 0 answers the step at once and is then killed; worker 1 is still in its 30 s step. The hang-up is
+    # reported at once (before, the wait spun on it until worker 1 answered and the step seemed to succeed).
+    env = SubprocVecEnv(SlowWhenSeeded, num_envs=4, num_workers=2, env_kwargs={"slow_seed": 13},
+                        step_in_parent=False)
+    pids = env.worker_pids
+    env.reset(seed=10)  # sub-env 3 (in worker 1) gets seed 13
+    killer = threading.Timer(0.5, os.kill, (pids[0], signal.SIGKILL))
+    killer.start()
+    start = time.monotonic()
+    try:
+        with pytest.raises(EnvError, match=r"^worker jaderl-SlowWhenSeeded-worker0 failed: it died \(was killed by "
+                                           r"signal 9\)"):
+            env.step(torch.zeros(4, 3))
+    finally:
+        killer.join()
+    assert time.monotonic() - start < 10
+    assert _gone(pids)
+
+
 class DiesAfterHandshake(EchoEnv):
     """Built in a worker, it has the worker killed 0.5 s later, once the worker has sent its spaces; built in this
     process (the caller's slice, after the workers were started), it waits until that worker is dead. So the worker

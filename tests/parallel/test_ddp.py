@@ -263,15 +263,16 @@ def test_a_learner_without_a_matching_checkpoint_gets_learner_0s(cli_run: tuple[
 
 
 class FailsOnLearner1(PPO):
-    """PPO whose learner 1 fails in its second update: it raises, or it is killed (``mode``)."""
+    """PPO whose learner 1 fails in its second update: it raises, or it is sent SIGKILL or SIGTERM (``mode``)."""
 
     mode = "raise"
 
     def update(self, buffer: Any) -> dict[str, torch.Tensor]:
         if dist.get_rank() == 1 and self.steps >= 512:
             (Path(self.config.run_dir) / "failed_at").write_text(str(time.time()))
-            if self.mode == "kill":
-                os.kill(os.getpid(), signal.SIGKILL)
+            if self.mode in ("kill", "term"):
+                os.kill(os.getpid(), signal.SIGKILL if self.mode == "kill" else signal.SIGTERM)
+                time.sleep(30)  # SIGTERM raises SystemExit here
             raise RuntimeError("injected failure")
         return super().update(buffer)
 
@@ -280,8 +281,13 @@ class KilledOnLearner1(FailsOnLearner1):
     mode = "kill"
 
 
+class TerminatedOnLearner1(FailsOnLearner1):
+    mode = "term"
+
+
 @pytest.mark.parametrize(("agent_cls", "expected"), [(FailsOnLearner1, "learner 1 failed: RuntimeError: injected"),
-                                                     (KilledOnLearner1, "learner 1 was killed by SIGKILL")])
+                                                     (KilledOnLearner1, "learner 1 was killed by SIGKILL"),
+                                                     (TerminatedOnLearner1, "learner 1 was stopped by SIGTERM")])
 def test_a_failing_learner_is_reported_by_name(agent_cls: type[PPO], expected: str, tmp_path: Path,
                                                no_leftover_processes: None) -> None:
     config = make_config("ppo", ENV, total_steps=100_000, run_dir=str(tmp_path / "run"), **TINY_PPO)

@@ -114,7 +114,7 @@ def test_failing_evaluator_stops_training_promptly(tmp_path: Path, monkeypatch: 
 
 def test_killed_worker_is_detected_within_seconds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     env = _faulty_env_module(tmp_path, monkeypatch, "os.kill(os.getpid(), signal.SIGKILL)")
-    with pytest.raises(WorkerError, match=r"^explorer worker 1 was killed by signal 9"):
+    with pytest.raises(WorkerError, match=r"^explorer worker 1 was killed by SIGKILL"):
         jaderl.train("sac", env, total_steps=100_000, run_dir=tmp_path / "run", seed=0, **SMALL_SAC)
 
 
@@ -248,7 +248,7 @@ def test_learner_waiting_for_the_lock_of_a_killed_worker_names_it(tmp_path: Path
         time.sleep(2 * POLL_S)
         killer.start()  # while the learner waits for the lock too
         start = time.monotonic()
-        with pytest.raises(WorkerError, match=r"^explorer worker 1 was killed by signal 9"):
+        with pytest.raises(WorkerError, match=r"^explorer worker 1 was killed by SIGKILL"):
             pipeline.publish()
         assert time.monotonic() - start < 2 * POLL_S + 3
     finally:
@@ -301,7 +301,7 @@ def test_children_of_a_learner_killed_while_holding_the_lock_exit(tmp_path: Path
 
 class SACFailingAfterSending(SAC):
     """SAC whose explorer worker 1 sends its first trajectory, then, at the start of its second round, waits for the
-    file ``fail`` in the run directory and fails as it says: ``kill`` (SIGKILL) or ``raise``."""
+    file ``fail`` in the run directory and fails as it says: ``kill`` (SIGKILL), ``term`` (SIGTERM) or ``raise``."""
 
     rounds = 0
 
@@ -311,14 +311,17 @@ class SACFailingAfterSending(SAC):
             fail, deadline = Path(self.config.run_dir) / "fail", time.monotonic() + 60
             while not fail.exists() and time.monotonic() < deadline:
                 time.sleep(0.01)
-            if fail.read_text() == "kill":
-                os.kill(os.getpid(), signal.SIGKILL)
+            how = fail.read_text()
+            if how in ("kill", "term"):
+                os.kill(os.getpid(), signal.SIGKILL if how == "kill" else signal.SIGTERM)
+                time.sleep(30)  # SIGTERM raises SystemExit here
             raise RuntimeError("injected")
         return super().explore(env, horizon)
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize(("how", "expected"), [("kill", r"^explorer worker 1 was killed by signal 9"),
+@pytest.mark.parametrize(("how", "expected"), [("kill", r"^explorer worker 1 was killed by SIGKILL$"),
+                                               ("term", r"^explorer worker 1 was stopped by SIGTERM \(sent from "),
                                                ("raise", r"^explorer worker 1 failed: RuntimeError: injected")])
 def test_worker_that_dies_after_sending_a_trajectory_is_named(how: str, expected: str, tmp_path: Path,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,0 +1,26 @@
+"""How the process-parallel modes (pipeline workers, data-parallel learners) end a child and describe its exit."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import sys
+
+SIGTERM_EXIT = 128 + signal.SIGTERM
+"""The exit code of a child ended by SIGTERM: it raised SystemExit, so its ``finally`` blocks (closing envs, their
+worker processes and shared memory, and files) ran before it exited."""
+
+
+def exit_on_sigterm() -> None:
+    """In a child: turn SIGTERM into ``SystemExit(SIGTERM_EXIT)`` instead of an immediate death."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(SIGTERM_EXIT))
+
+
+def describe_exit(code: int) -> str:
+    """How a child that reported no error ended, from its exit code, as the end of a sentence naming it."""
+    if code == SIGTERM_EXIT:
+        return "was stopped by SIGTERM (sent from outside jaderl, e.g. by `kill` or a job scheduler)"
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"was killed by {signal.Signals(-code).name}"
+    return f"exited with code {code} before it could report an error (its output above says why)"
