@@ -75,7 +75,9 @@ def hterm_update(agent: object, data: Batch, log_prob_fn: Callable[[torch.Tensor
     """One H-term step of ``actor`` on segments of ``data`` when it is due (every ``hterm_every`` iterations);
     ``log_prob_fn(features, action)`` gives log pi (B,). Returns the H-term loss, or None when not due."""
     cfg = agent.config  # type: ignore[attr-defined]
-    iteration = agent.steps // (cfg.horizon * agent.num_envs)  # type: ignore[attr-defined]
+    # this is iteration k once its explore added horizon * num_envs steps; data-parallel learners count the steps
+    # of all K learners after each update, (k - 1) K horizon num_envs + horizon num_envs by now: rounding up gives k
+    iteration = -(-agent.steps // (cfg.horizon * agent.num_envs * cfg.learners))  # type: ignore[attr-defined]
     if not cfg.use_hterm or iteration % cfg.hterm_every:
         return None
     if size is not None and size > cfg.hterm_window:  # recent behaviour only: skip the buffer's older rows

@@ -32,7 +32,8 @@ class PPOConfig(Config, HTermConfig):
     lr: float = param(3e-4, "Adam learning rate", low=0.0, open_low=True)
     hidden: list[int] = param((64, 64), "hidden layer sizes of the actor and the critic")
     num_epochs: int = param(10, "passes over each rollout", low=1)
-    minibatch_size: int = param(512, "transitions per gradient step", low=1)
+    minibatch_size: int = param(512, "transitions per gradient step (each epoch reshuffles the rollout and leaves "
+                                "out its remainder when the size does not divide it)", low=1)
     clip_ratio: float = param(0.2, "PPO clipping range of the probability ratio", low=0.0, open_low=True)
     gae_lambda: float = param(0.95, "GAE lambda", low=0.0, high=1.0)
     ent_coef: float = param(0.0, "entropy bonus weight", low=0.0)
@@ -42,9 +43,14 @@ class PPOConfig(Config, HTermConfig):
 
     def validate(self) -> None:
         super().validate()
-        if self.minibatch_size > self.num_envs * self.horizon:
+        rollout = self.num_envs * max(1, self.workers) * self.horizon  # explorer workers add their rollouts
+        if self.minibatch_size > rollout:
+            sizes = "num_envs * workers * horizon" if self.workers else "num_envs * horizon"
             raise ConfigError(f"minibatch_size={self.minibatch_size} is larger than a rollout "
-                              f"(num_envs * horizon = {self.num_envs * self.horizon}); lower it or collect more")
+                              f"({sizes} = {rollout}); lower it or collect more")
+        if self.normalize_advantages and self.minibatch_size < 2:
+            raise ConfigError("normalize_advantages=true needs minibatch_size >= 2 (a single advantage has no "
+                              "standard deviation); raise minibatch_size or set normalize_advantages=false")
 
 
 class PPO(OnPolicyAgent):

@@ -93,7 +93,7 @@ class Reinforce(OnPolicyAgent):
         cfg, data = self.config, buffer.data
         if not cfg.baseline and cfg.horizon * (1.0 - cfg.gamma) < 1.0 and self.steps == cfg.horizon * self.num_envs:
             warnings.warn(f"REINFORCE without a baseline cuts returns at the rollout end and horizon={cfg.horizon} "
-                          "< 1 / (1 - gamma), so returns are biased low; raise horizon or set baseline=true",
+                          "< 1 / (1 - gamma), so returns are biased toward zero; raise horizon or set baseline=true",
                           stacklevel=2)  # once, at the first update of a run
         obs = self.features(data["obs"])  # (T, N, obs_dim)
         # 1. returns and advantages (T, N)

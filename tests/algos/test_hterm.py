@@ -88,6 +88,23 @@ def test_agents_take_hterm_steps_only_when_enabled(algo: str) -> None:
     assert "loss/hterm" not in agent2.update(buffer2)
 
 
+@pytest.mark.parametrize("learners", [1, 2])
+def test_hterm_every_counts_iterations_with_data_parallel_learners(learners: int) -> None:
+    """With K learners each update ends with ``steps`` set to the steps of all K (as ``Learners.after_update``
+    does): the H-term still runs on every ``hterm_every``-th iteration of each learner."""
+    config = make_config("ppo", "jaderl/CartPole-v1", num_envs=2, horizon=4, minibatch_size=8, num_epochs=1,
+                         hidden=[8], use_hterm=True, hterm_every=2, hterm_trajectories=2, hterm_length=2,
+                         learners=learners)
+    env = make_env(config.env, 2, "cpu", seed=0)
+    agent = ALGOS["ppo"].agent_cls(config, env, torch.device("cpu"))
+    buffer, ran = agent.make_buffer(), []
+    for k in range(1, 9):
+        buffer.add(agent.explore(env, config.horizon))
+        ran.append("loss/hterm" in agent.update(buffer))
+        agent.steps = k * learners * config.horizon * config.num_envs
+    assert [k for k, due in enumerate(ran, 1) if due] == [2, 4, 6, 8]
+
+
 def test_hterm_is_offered_only_where_implemented() -> None:
     with pytest.raises(ConfigError, match="use_hterm"):
         make_config("dqn", "jaderl/CartPole-v1", use_hterm=True)

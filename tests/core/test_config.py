@@ -101,12 +101,18 @@ def test_boundaries_are_accepted() -> None:
     config = Config(gamma=1.0, seed=0, max_grad_norm=0.0, num_envs=1)
     assert config.gamma == 1.0
     assert DQNConfig(warmup_steps=0, tau=1.0).tau == 1.0
+    # the learner of an on-policy pipeline learns from every explorer's rollout: 8 * 2 * 32 = 512 transitions
+    assert PPOConfig(num_envs=8, horizon=32, workers=2, minibatch_size=512).minibatch_size == 512
+    assert PPOConfig(num_envs=1, horizon=1, minibatch_size=1, normalize_advantages=False).minibatch_size == 1
 
 
 @pytest.mark.parametrize(("cls", "settings", "names"), [
     (DQNConfig, {"batch_size": 128, "buffer_size": 64}, ("batch_size", "buffer_size")),
     (SACConfig, {"batch_size": 512, "buffer_size": 100}, ("batch_size", "buffer_size")),
     (PPOConfig, {"minibatch_size": 1000, "num_envs": 4, "horizon": 8}, ("minibatch_size",)),
+    (PPOConfig, {"minibatch_size": 1000, "num_envs": 4, "horizon": 8, "workers": 2},
+     ("minibatch_size", "num_envs * workers * horizon = 64")),
+    (PPOConfig, {"minibatch_size": 1, "num_envs": 1, "horizon": 1}, ("normalize_advantages=true", "minibatch_size")),
     (Config, {"hidden": []}, ("hidden",)),
     (Config, {"hidden": [64, 0]}, ("hidden",)),
     (Config, {"device": "tpu"}, ("device",)),
