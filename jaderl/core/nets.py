@@ -247,7 +247,7 @@ class NatureCNN(nn.Module):
         x = x.float() / 255.0 if x.dtype == torch.uint8 else x.float()
         if self.channels_last:
             x = x.permute(0, 3, 1, 2)  # (B, C, H, W)
-        return self.linear(self.conv(x)).unflatten(0, lead)
+        return self.linear(self.conv(x)).reshape(*lead, self.out_dim)  # lead may be (): one image
 
 
 class EncodedNet(nn.Module):

@@ -73,6 +73,7 @@ def test_leading_dims_and_uint8_scaling() -> None:
     out = cnn(images)
     assert out.shape == (5, 3, 16)
     torch.testing.assert_close(out[4, 2], cnn(images[4, 2:3])[0])
+    torch.testing.assert_close(out[4, 2], cnn(images[4, 2]))  # one image, no leading dimension
     # uint8 pixels are scaled to [0, 1]; float images are taken as they are
     torch.testing.assert_close(out, cnn(images.float() / 255.0))
     assert not torch.allclose(out, cnn(images.float()))
