@@ -55,23 +55,50 @@ def _run(config: Config, resume: bool, progress: Progress | None) -> TrainResult
     return train_loop(config, agent_cls, resume=resume, progress=progress)
 
 
-def _saved_config(run_dir: str | Path) -> Config:
+RESUME_SETTINGS = ("total_steps", "time_limit", "target_return", "eval_every", "eval_episodes", "checkpoint_every",
+                   "device", "num_threads", "compile", "env_workers")
+"""The settings a resumed run may change: budgets, evaluation and checkpoint cadence, and where and how it runs.
+Every other setting shaped the checkpoint's networks, optimizer states or replay buffer, or is kept inside them
+(a learning rate lives in the optimizer's state), so changing it means a new run."""
+
+
+def _checkpoint_meta(run_dir: str | Path) -> dict[str, Any]:
+    """The JSON part of ``run_dir``'s checkpoint (config, counters, step), read without its tensors."""
     path = Path(run_dir) / CHECKPOINT_JSON
     try:
-        saved = json.loads(path.read_text())["state"]["config"]
-    except (OSError, ValueError, KeyError):
+        state = json.loads(path.read_text())["state"]
+        return {"config": dict(state["config"]), "time_s": float(state["counters"]["time_s"]),
+                "steps": int(state["agent"]["steps"])}
+    except (OSError, ValueError, KeyError, TypeError):
         raise ConfigError(f"{run_dir} holds no readable checkpoint ({path} is missing or damaged)") from None
-    return make_config(**saved)  # saved holds algo and env too
+
+
+def _saved_config(run_dir: str | Path) -> Config:
+    saved = _checkpoint_meta(run_dir)["config"]
+    try:
+        return make_config(**saved)  # saved holds algo and env too
+    except TypeError:
+        raise ConfigError(f"{run_dir} holds no readable checkpoint (its config is damaged)") from None
 
 
 def resume(run_dir: str | Path, /, progress: Progress | None = None, **settings: Any) -> TrainResult:
-    """Continue the run in ``run_dir`` from its last checkpoint; ``settings`` may change budgets (``total_steps``)."""
-    config = _saved_config(run_dir)
-    for key in ("algo", "env", "num_envs", "workers", "learners"):  # the checkpoint only fits these
-        if key in settings and settings[key] != getattr(config, key):
-            raise ConfigError(f"{key}={settings[key]!r} cannot change when resuming {run_dir}, which was started "
-                              f"with {key}={getattr(config, key)!r}; start a new run instead")
+    """Continue the run in ``run_dir`` from its last checkpoint; ``settings`` may change the
+    :data:`RESUME_SETTINGS` (budgets such as ``total_steps``, cadences, device)."""
+    meta, config = _checkpoint_meta(run_dir), _saved_config(run_dir)
+    if "run_dir" in settings and Path(settings["run_dir"]).resolve() != Path(run_dir).resolve():
+        raise ConfigError(f"run_dir={settings['run_dir']!r} cannot be given when resuming {run_dir}: the run goes "
+                          "on in its own directory; drop --run-dir")
+    for key, value in settings.items():
+        if key not in (*RESUME_SETTINGS, "run_dir") and hasattr(config, key) and value != getattr(config, key):
+            raise ConfigError(f"{key}={value!r} cannot change when resuming {run_dir}, which was started with "
+                              f"{key}={getattr(config, key)!r}; a resume may change only "
+                              f"{', '.join(RESUME_SETTINGS)}; start a new run for other settings")
     config = config.replace(**{**settings, "run_dir": str(run_dir)})
+    if meta["steps"] >= config.total_steps or (config.time_limit is not None and meta["time_s"] >= config.time_limit):
+        budget = (f"total_steps={config.total_steps}" if meta["steps"] >= config.total_steps
+                  else f"time_limit={config.time_limit}")
+        raise ConfigError(f"{run_dir} already reached its budget ({budget}) at step {meta['steps']:,}; resume with "
+                          "a larger --total-steps or --time-limit to train on")
     return _run(config, resume=True, progress=progress)
 
 
@@ -82,7 +109,7 @@ def load(run_dir: str | Path, best: bool = True, device: str = "cpu") -> Agent:
     env = make_env(config.env, 1, resolve_device(device))
     agent = ALGOS[config.algo].agent_cls(config, env, resolve_device(device))
     env.close()
-    agent.load_state_dict(load_checkpoint(run_dir)["agent"])
+    agent.load_state_dict(load_checkpoint(run_dir, part="agent"))  # not the replay buffer
     best_path = Path(run_dir) / BEST_POLICY
     if best and best_path.exists():
         from safetensors.torch import load_file

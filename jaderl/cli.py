@@ -138,6 +138,11 @@ def main(argv: list[str] | None = None) -> int:
     except TrainingError as exc:
         print(f"jaderl: error: {exc}", file=sys.stderr)
         return 1
+    except OSError as exc:  # a full disk, a lost mount: the checkpoint on disk is the last complete one
+        where = f" ({exc.filename})" if exc.filename else ""
+        print(f"jaderl: error: {exc.strerror or exc}{where}; the last complete checkpoint is kept: free space or "
+              "fix the path, then continue with --resume", file=sys.stderr)
+        return 1
     return 0
 
 

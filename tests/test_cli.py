@@ -279,3 +279,15 @@ def test_resume_with_the_runs_own_config_file(tmp_path: Path, capsys: pytest.Cap
     assert code == 0, err
     assert json.loads(out.splitlines()[-1])["steps"] == 384
     assert _metric_steps(run_dir) == [256, 384]
+
+
+def test_a_full_disk_is_one_line_and_exit_1(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+                                             tmp_path: Path) -> None:
+    def disk_full(*args: Any, **kwargs: Any) -> None:
+        raise OSError(28, "No space left on device", str(tmp_path / "ckpt-256.safetensors.tmp"))
+
+    monkeypatch.setattr("jaderl.api.train", disk_full)
+    code, _, err = _run(["train", "ppo", ENV, "--run-dir", str(tmp_path / "run")], capsys)
+    assert code == 1 and err.splitlines() == [
+        f"jaderl: error: No space left on device ({tmp_path / 'ckpt-256.safetensors.tmp'}); the last complete "
+        "checkpoint is kept: free space or fix the path, then continue with --resume"]

@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
 
 CHECKPOINT_JSON = "checkpoint.json"
 
@@ -50,10 +51,14 @@ def unflatten(skeleton: Any, tensors: dict[str, torch.Tensor]) -> Any:
 
 def _atomic_write(path: Path, write: Any) -> None:
     tmp = path.with_name(path.name + ".tmp")
-    write(tmp)
-    with open(tmp, "rb") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        write(tmp)
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:  # a full disk, Ctrl-C: no partial file stays behind
+        tmp.unlink(missing_ok=True)
+        raise
     dir_fd = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(dir_fd)
@@ -61,10 +66,10 @@ def _atomic_write(path: Path, write: Any) -> None:
         os.close(dir_fd)
 
 
-def save_tensors(path: str | Path, tensors: dict[str, torch.Tensor]) -> None:
-    """Atomically write a flat dict of tensors as safetensors."""
+def save_tensors(path: str | Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> None:
+    """Atomically write a flat dict of tensors (and string ``metadata``) as safetensors."""
     flat = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in tensors.items()}
-    _atomic_write(Path(path), lambda p: save_file(flat, str(p)))
+    _atomic_write(Path(path), lambda p: save_file(flat, str(p), metadata=metadata))
 
 
 def save_checkpoint(run_dir: str | Path, state: dict[str, Any], step: int) -> Path:
@@ -82,13 +87,17 @@ def save_checkpoint(run_dir: str | Path, state: dict[str, Any], step: int) -> Pa
     return run_dir / CHECKPOINT_JSON
 
 
-def load_checkpoint(run_dir: str | Path, device: torch.device | str = "cpu") -> dict[str, Any]:
-    """Read the latest complete checkpoint of ``run_dir`` with its tensors on ``device``."""
+def load_checkpoint(run_dir: str | Path, device: torch.device | str = "cpu", part: str | None = None) -> dict[str, Any]:
+    """Read the latest complete checkpoint of ``run_dir`` with its tensors on ``device``; with ``part`` (such as
+    ``"agent"``), only that entry of it, reading none of the other tensors (a replay buffer can be gigabytes)."""
     run_dir = Path(run_dir)
     try:
         meta = json.loads((run_dir / CHECKPOINT_JSON).read_text())
-        tensors = load_file(str(run_dir / meta["tensor_file"]), device=str(device))
-    except (OSError, ValueError, KeyError) as exc:
+        skeleton = meta["state"] if part is None else meta["state"][part]
+        with safe_open(str(run_dir / meta["tensor_file"]), framework="pt", device=str(device)) as f:
+            prefix = "" if part is None else f"/{part}/"
+            tensors = {k: f.get_tensor(k) for k in f.keys() if k.startswith(prefix)}  # noqa: SIM118
+    except (OSError, ValueError, KeyError, TypeError, SafetensorError) as exc:
         raise FileNotFoundError(f"{run_dir} holds no readable checkpoint ({exc}); "
                                 "pass the run directory of a run that has saved one") from None
-    return unflatten(meta["state"], tensors)
+    return unflatten(skeleton, tensors)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import math
 import time
@@ -9,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
+from safetensors import SafetensorError, safe_open
 
 from jaderl.core.checkpoint import save_tensors
 from jaderl.envs.vec import VecEnv
@@ -50,13 +52,22 @@ class Evaluator:
         self.rows: list[dict[str, float]] = []
         if resume_step is not None and self.csv_path.exists():  # drop evaluations newer than the checkpoint
             with open(self.csv_path, newline="") as f:
-                self.rows = [{k: float(v) for k, v in r.items()} | {"step": int(float(r["step"]))}  # step stays int
-                             for r in csv.DictReader(f) if float(r["step"]) <= resume_step]
-        with open(self.csv_path, "w", newline="") as f:
+                for r in csv.DictReader(f):
+                    with contextlib.suppress(TypeError, ValueError, KeyError):  # a line cut short by a crash
+                        row = {k: float(r[k]) for k in METRICS_COLUMNS} | {"step": int(float(r["step"]))}
+                        if row["step"] <= resume_step:
+                            self.rows.append(row)
+        tmp = self.csv_path.with_name(self.csv_path.name + ".tmp")  # replaced at once: the history is never lost
+        with open(tmp, "w", newline="") as f:
             writer = csv.DictWriter(f, METRICS_COLUMNS)
             writer.writeheader()
             writer.writerows(self.rows)
+        tmp.replace(self.csv_path)
         self.best_return = max((r["eval_return_mean"] for r in self.rows), default=-math.inf)
+        if resume_step is not None and (run_dir / BEST_POLICY).exists():  # it may come from after the checkpoint
+            with (contextlib.suppress(OSError, ValueError, KeyError, TypeError, SafetensorError),
+                  safe_open(str(run_dir / BEST_POLICY), framework="pt") as f):
+                self.best_return = max(self.best_return, float((f.metadata() or {})["eval_return_mean"]))
         self.tb = SummaryWriter(str(run_dir / "tb"))
         self.last_plot = time.perf_counter()  # short runs draw once, when they close
 
@@ -76,7 +87,8 @@ class Evaluator:
         self.tb.flush()
         if row["eval_return_mean"] > self.best_return:
             self.best_return = row["eval_return_mean"]
-            save_tensors(self.run_dir / BEST_POLICY, agent.policy_state_dict())
+            save_tensors(self.run_dir / BEST_POLICY, agent.policy_state_dict(),  # what it scored, and when
+                         {"step": str(step), "eval_return_mean": repr(self.best_return)})
         if time.perf_counter() - self.last_plot > 5.0:  # drawing costs more than an evaluation of a small net
             self.plot()
         return row

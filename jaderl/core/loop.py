@@ -70,15 +70,26 @@ def resolve_device(name: str) -> torch.device:
 def prepare_run_dir(config: Config, resume: bool) -> Path:
     if resume:
         return Path(config.run_dir)
-    if not config.run_dir:
+    if not config.run_dir:  # a new directory of its own, even for runs started in the same second
         stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
         env = re.sub(r"[^\w.-]+", "_", config.env)[:64]  # ids may hold paths and options (`?csv=...`)
-        name = f"{config.algo or 'agent'}-{env}-s{config.seed}-{stamp}"
-        config.run_dir = str(Path("runs") / name)
+        base = Path("runs") / f"{config.algo or 'agent'}-{env}-s{config.seed}-{stamp}"
+        for k in range(1, 1000):
+            run_dir = base if k == 1 else base.with_name(f"{base.name}-{k}")
+            try:
+                run_dir.mkdir(parents=True)  # atomic: exactly one run creates it
+            except FileExistsError:
+                continue
+            config.run_dir = str(run_dir)
+            return run_dir
+        raise ConfigError(f"could not create a new directory next to {base}; pass --run-dir")
     run_dir = Path(config.run_dir)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ConfigError(f"run directory {run_dir} is a file; pick another --run-dir")
     if run_dir.exists() and any(run_dir.iterdir()):
-        raise ConfigError(f"run directory {run_dir} already holds a run; "
-                          "resume it with --resume or pick another --run-dir")
+        raise ConfigError(f"run directory {run_dir} already holds a run; resume it with --resume or pick another "
+                          "--run-dir" if has_checkpoint(run_dir) else f"run directory {run_dir} already holds files "
+                          "(no checkpoint to resume); delete them or pick another --run-dir")
     run_dir.mkdir(parents=True, exist_ok=True)
     return run_dir
 
@@ -132,9 +143,10 @@ def train(config: Config, agent_cls: type[Agent], resume: bool = False,
             reason = budget_reason(config, agent.steps, counters["time_s"], run_dir)
             # 3. evaluate and log (the only host syncs of the loop)
             if evaluator is not None and (agent.steps >= counters["next_eval"] or reason):
-                counters["next_eval"] = (agent.steps // config.eval_every + 1) * config.eval_every
                 logged = checked_floats(stats, agent.steps) | agent.episode_stats()
                 last_eval = evaluator.evaluate(agent, agent.steps, counters["time_s"], logged)["eval_return_mean"]
+                # only now: an evaluation cut short by Ctrl-C is due again after a resume
+                counters["next_eval"] = (agent.steps // config.eval_every + 1) * config.eval_every
                 counters["time_s"] = time.perf_counter() - start  # the evaluation counts as training time
                 if config.target_return is not None and last_eval >= config.target_return:
                     reason = "solved"
@@ -190,7 +202,12 @@ def restore_state(run_dir: Path, agent: Agent, buffer: Any, env: VecEnv | None =
 
 def save_state(run_dir: Path, config: Config, counters: dict[str, Any], agent: Agent, buffer: Any,
                env: VecEnv | None = None) -> None:
-    """Checkpoint everything :func:`restore_state` reads back."""
+    """Checkpoint everything :func:`restore_state` reads back; a diverged agent (a parameter that is NaN or infinite)
+    raises :class:`TrainingError` instead of replacing the last good checkpoint."""
+    params = [p for m in vars(agent).values() if isinstance(m, torch.nn.Module) for p in m.parameters()]
+    if params and not torch.stack([p.isfinite().all() for p in params]).all():
+        raise TrainingError(f"the agent's parameters became NaN or infinite by step {agent.steps}; lower the "
+                            "learning rate or check the env's rewards (the last checkpoint is kept)")
     generator = getattr(env, "generator", None)
     rng = {"torch": torch.get_rng_state(),
            "cuda": torch.cuda.get_rng_state(agent.device) if agent.device.type == "cuda" else None,

@@ -85,6 +85,9 @@ class GymnasiumSpaces(VecEnv):
         act = action.detach().cpu().numpy()
         if self.is_discrete:
             return act.astype(np.int64).reshape(self.num_envs)
+        if not np.isfinite(act).all():  # the agent diverged: say so, rather than blame the env for what follows
+            raise EnvError("the agent's actions became NaN or infinite; lower the learning rate or check the env's "
+                           "rewards (the last checkpoint is kept)")
         return self._low + (np.clip(act, -1.0, 1.0) + 1.0) * 0.5 * (self._high - self._low)
 
 

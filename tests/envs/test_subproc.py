@@ -339,7 +339,7 @@ def test_a_failing_set_up_closes_the_workers_at_once(tmp_path) -> None:
     run), the error must not leave the env's workers running until the env happens to be garbage collected."""
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "config.yaml").write_text("algo: ppo\n")
-    with pytest.raises(ConfigError, match="already holds a run") as failure:
+    with pytest.raises(ConfigError, match="already holds files") as failure:
         jaderl.train("ppo", "CartPole-v1", env_workers=1, num_envs=2, horizon=8, minibatch_size=16,
                      run_dir=str(tmp_path / "run"), device="cpu")
     assert failure.traceback  # the traceback, and with it the env, is still alive here

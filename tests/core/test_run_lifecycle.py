@@ -1,0 +1,181 @@
+"""A run's life on disk: its directory, resume rules, checkpoints that never hold a diverged agent, evaluations and
+the best policy across a crash, damaged files."""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors import safe_open
+
+import jaderl
+from jaderl.api import make_config
+from jaderl.core import checkpoint as checkpoint_module
+from jaderl.core import loop
+from jaderl.core.checkpoint import CHECKPOINT_JSON, load_checkpoint, save_tensors
+from jaderl.core.config import ConfigError
+from jaderl.core.evaluator import BEST_POLICY, Evaluator
+from jaderl.core.loop import TrainingError, new_counters, prepare_run_dir, save_state
+from jaderl.envs import make_env
+from jaderl.envs.vec import EnvError
+
+ENV = "jaderl/CartPole-v1"
+Settings = Any
+
+
+def _snapshot(directory: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture
+def run_dir(tmp_path: Path, tiny_ppo: Settings) -> Path:
+    """A finished tiny PPO run (512 steps, checkpoints and evaluations at 256 and 512)."""
+    jaderl.train("ppo", ENV, run_dir=str(tmp_path / "run"), **tiny_ppo())
+    return tmp_path / "run"
+
+
+# --- the run directory ---
+
+def test_runs_started_in_the_same_second_get_their_own_directories(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+
+    class FrozenClock(datetime):
+        @classmethod
+        def now(cls, tz: Any = None) -> FrozenClock:
+            return cls(2026, 1, 2, 3, 4, 5)
+
+    monkeypatch.setattr(loop, "datetime", FrozenClock)
+    dirs = [prepare_run_dir(make_config("ppo", ENV), resume=False) for _ in range(3)]
+    assert [d.name for d in dirs] == ["ppo-jaderl_CartPole-v1-s0-20260102-030405",
+                                      "ppo-jaderl_CartPole-v1-s0-20260102-030405-2",
+                                      "ppo-jaderl_CartPole-v1-s0-20260102-030405-3"]
+    assert all(d.is_dir() for d in dirs)
+
+
+def test_a_run_directory_that_is_a_file_or_holds_other_files_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(ConfigError, match=r"afile is a file; pick another --run-dir$"):
+        prepare_run_dir(make_config("ppo", ENV, run_dir=str(tmp_path / "afile")), resume=False)
+    (tmp_path / "failed" / "tb").mkdir(parents=True)  # what a run that failed before its first checkpoint leaves
+    with pytest.raises(ConfigError, match=r"already holds files \(no checkpoint to resume\); delete them"):
+        prepare_run_dir(make_config("ppo", ENV, run_dir=str(tmp_path / "failed")), resume=False)
+    assert (tmp_path / "afile").read_text() == "x" and (tmp_path / "failed" / "tb").is_dir()
+
+
+# --- resume ---
+
+@pytest.mark.parametrize(("settings", "match"), [
+    ({"hidden": [16, 16]}, r"^hidden=\[16, 16\] cannot change when resuming .*a resume may change only total_steps"),
+    ({"lr": 0.1}, r"^lr=0.1 cannot change when resuming"),  # it lives in the optimizer's state
+    ({"minibatch_size": 32}, r"^minibatch_size=32 cannot change"),
+    ({"run_dir": "elsewhere"}, r"^run_dir='elsewhere' cannot be given when resuming"),
+    ({}, r"already reached its budget \(total_steps=512\) at step 512; resume with a larger --total-steps"),
+])
+def test_resume_refuses_what_the_checkpoint_cannot_take(run_dir: Path, settings: dict[str, Any], match: str) -> None:
+    before = _snapshot(run_dir)
+    with pytest.raises(ConfigError, match=match):
+        jaderl.resume(run_dir, **settings)
+    assert _snapshot(run_dir) == before
+
+
+def test_resume_may_change_budgets_cadence_and_unchanged_settings(run_dir: Path, tiny_ppo: Settings) -> None:
+    result = jaderl.resume(run_dir, total_steps=640, eval_every=128, hidden=tiny_ppo()["hidden"], seed=3)
+    assert result.steps == 640
+
+
+# --- checkpoints ---
+
+def test_a_diverged_agent_never_replaces_the_last_checkpoint(run_dir: Path) -> None:
+    before = _snapshot(run_dir)
+    agent = jaderl.load(run_dir, best=False)
+    with torch.no_grad():
+        next(agent.critic.parameters())[0, 0] = math.nan
+    with pytest.raises(TrainingError, match=r"^the agent's parameters became NaN or infinite by step 512; lower the "
+                                            r"learning rate"):
+        save_state(run_dir, agent.config, new_counters(agent.config), agent, agent.make_buffer())
+    assert _snapshot(run_dir) == before
+
+
+def test_a_failed_write_leaves_no_partial_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def disk_full(tensors: dict, path: str, metadata: Any = None) -> None:
+        Path(path).write_bytes(b"partial")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(checkpoint_module, "save_file", disk_full)
+    with pytest.raises(OSError, match="No space left"):
+        save_tensors(tmp_path / "policy.safetensors", {"w": torch.zeros(2)})
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_damaged_checkpoint_is_one_sentence(run_dir: Path) -> None:
+    tensor_file = next(run_dir.glob("ckpt-*.safetensors"))
+    tensor_file.write_bytes(tensor_file.read_bytes()[:100])
+    with pytest.raises(FileNotFoundError, match="holds no readable checkpoint"):
+        jaderl.load(run_dir)
+    (run_dir / CHECKPOINT_JSON).write_text('{"state": {"config": {"algo": "ppo"}, "counters": {"time_s": 1}, '
+                                           '"agent": {"steps": 5}}}')
+    with pytest.raises(ConfigError, match="holds no readable checkpoint"):
+        jaderl.resume(run_dir, total_steps=1024)
+
+
+def test_loading_an_agent_reads_no_replay_buffer(tmp_path: Path) -> None:
+    jaderl.train("dqn", ENV, run_dir=str(tmp_path / "run"), total_steps=300, warmup_steps=100, hidden=[16],
+                 eval_every=300, eval_episodes=1, device="cpu")
+    full = load_checkpoint(tmp_path / "run")
+    agent_only = load_checkpoint(tmp_path / "run", part="agent")
+    assert full["buffer"][0]["obs"].shape[0] == 300
+    assert agent_only.keys() == full["agent"].keys()
+    assert all(torch.equal(agent_only["q_net"][k], v) for k, v in full["agent"]["q_net"].items())
+
+
+# --- evaluations and the best policy ---
+
+def test_ctrl_c_during_an_evaluation_has_it_done_again_after_resume(tmp_path: Path, tiny_ppo: Settings,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    evaluate = Evaluator.evaluate
+
+    def interrupted(self: Evaluator, *args: Any) -> dict[str, float]:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Evaluator, "evaluate", interrupted)
+    result = jaderl.train("ppo", ENV, run_dir=str(tmp_path / "run"), **tiny_ppo())
+    assert (result.stop_reason, result.steps) == ("interrupted", 256)
+    assert load_checkpoint(tmp_path / "run")["counters"]["next_eval"] == 256  # still due
+    monkeypatch.setattr(Evaluator, "evaluate", evaluate)
+    jaderl.resume(tmp_path / "run")
+    steps = [line.split(",")[0] for line in (tmp_path / "run" / "metrics.csv").read_text().splitlines()[1:]]
+    assert steps == ["384", "512"]  # the evaluation due at 256 runs after the resumed run's first rollout
+
+
+def test_resume_keeps_a_newer_best_policy_and_skips_a_cut_metrics_line(run_dir: Path) -> None:
+    with safe_open(str(run_dir / BEST_POLICY), framework="pt") as f:
+        meta = f.metadata()
+    rows = (run_dir / "metrics.csv").read_text().splitlines()
+    best = max(float(r.split(",")[2]) for r in rows[1:])
+    assert float(meta["eval_return_mean"]) == best and int(meta["step"]) in (256, 512)
+    # a crash after an evaluation that was better than anything before the checkpoint at step 256 ...
+    save_tensors(run_dir / BEST_POLICY, {}, {"step": "300", "eval_return_mean": "1000.0"})
+    with open(run_dir / "metrics.csv", "a") as f:
+        f.write("45")  # ... and a line cut short
+    env = make_env(ENV, 1, "cpu")
+    evaluator = Evaluator(env, run_dir, seed=4, resume_step=256)
+    try:
+        assert [int(r["step"]) for r in evaluator.rows] == [256]
+        assert evaluator.best_return == 1000.0  # a worse later policy does not overwrite the best file
+    finally:
+        evaluator.close()
+
+
+def test_nan_actions_are_named_as_the_agents() -> None:
+    env = make_env("Pendulum-v1", 2, "cpu", seed=0)
+    try:
+        env.reset(seed=0)
+        with pytest.raises(EnvError, match=r"^the agent's actions became NaN or infinite; lower the learning rate"):
+            env.step(torch.full((2, 1), math.nan))
+    finally:
+        env.close()
