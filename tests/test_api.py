@@ -216,7 +216,7 @@ def test_existing_run_dir_is_refused_and_intact(tmp_path: Path, tiny_ppo: Settin
     assert _snapshot(run_dir) == before
     other = tmp_path / "other"
     (other / "sub").mkdir(parents=True)
-    with pytest.raises(ConfigError, match=r"already holds files \(no checkpoint to resume\)"):
+    with pytest.raises(ConfigError, match=r"already holds files but no checkpoint"):
         jaderl.train("ppo", ENV, run_dir=str(other), **tiny_ppo(total_steps=256))
     assert [p.name for p in other.iterdir()] == ["sub"]
 

@@ -79,8 +79,9 @@ class Agent:
         ``next_obs`` is the observation reached before any auto-reset, so truncated steps can be bootstrapped.
         Rewards are multiplied by ``config.reward_scale``; episode statistics use the raw rewards.
         """
-        if self.last_obs is None:  # seed the first reset only: a resumed run keeps its checkpointed env RNG
-            self.last_obs = env.reset(seed=self.config.seed if self.steps == 0 else None)
+        if self.last_obs is None:  # a resumed run keeps its checkpointed env RNG, or reseeds an env without one
+            seeded = self.steps == 0 or getattr(env, "generator", None) is None
+            self.last_obs = env.reset(seed=self.config.seed + self.steps if seeded else None)
         steps: list[tuple[torch.Tensor, ...]] = []
         for _ in range(horizon):
             obs = self.last_obs

@@ -86,7 +86,7 @@ class Config:
                               "use explorer workers or several learners")
         if not self.hidden or any(h < 1 for h in self.hidden):
             raise ConfigError(f"hidden={self.hidden} is invalid: give one or more positive layer sizes")
-        if self.device != "auto" and not (self.device in ("cpu", "cuda") or self.device.startswith("cuda:")):
+        if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device):
             raise ConfigError(f"device={self.device!r} is invalid: use auto, cpu, cuda or cuda:N")
 
     # --- dict / YAML round trip ---

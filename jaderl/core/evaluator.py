@@ -59,8 +59,7 @@ class Evaluator:
                             self.rows.append(row)
         tmp = self.csv_path.with_name(self.csv_path.name + ".tmp")  # replaced at once: the history is never lost
         with open(tmp, "w", newline="") as f:
-            writer = csv.DictWriter(f, METRICS_COLUMNS)
-            writer.writeheader()
+            (writer := csv.DictWriter(f, METRICS_COLUMNS)).writeheader()
             writer.writerows(self.rows)
         tmp.replace(self.csv_path)
         self.best_return = max((r["eval_return_mean"] for r in self.rows), default=-math.inf)
@@ -68,7 +67,8 @@ class Evaluator:
             with (contextlib.suppress(OSError, ValueError, KeyError, TypeError, SafetensorError),
                   safe_open(str(run_dir / BEST_POLICY), framework="pt") as f):
                 self.best_return = max(self.best_return, float((f.metadata() or {})["eval_return_mean"]))
-        self.tb = SummaryWriter(str(run_dir / "tb"))
+        # after a resume, TensorBoard hides the points logged after the checkpoint, as metrics.csv drops them
+        self.tb = SummaryWriter(str(run_dir / "tb"), purge_step=None if resume_step is None else resume_step + 1)
         self.last_plot = time.perf_counter()  # short runs draw once, when they close
 
     def evaluate(self, agent: Agent, step: int, time_s: float, stats: dict[str, float]) -> dict[str, float]:

@@ -7,6 +7,7 @@ too, after a last checkpoint). Pass ``resume=True`` with ``config.run_dir`` set 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import re
@@ -64,7 +65,10 @@ def resolve_device(name: str) -> torch.device:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError(f"device={name!r} was asked for but CUDA is not available; use --device cpu")
-    return torch.device(name)
+    device = torch.device(name)
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        raise ConfigError(f"device={name!r}: only {torch.cuda.device_count()} GPUs are visible; use a lower index")
+    return device
 
 
 def prepare_run_dir(config: Config, resume: bool) -> Path:
@@ -76,20 +80,18 @@ def prepare_run_dir(config: Config, resume: bool) -> Path:
         base = Path("runs") / f"{config.algo or 'agent'}-{env}-s{config.seed}-{stamp}"
         for k in range(1, 1000):
             run_dir = base if k == 1 else base.with_name(f"{base.name}-{k}")
-            try:
+            with contextlib.suppress(FileExistsError):
                 run_dir.mkdir(parents=True)  # atomic: exactly one run creates it
-            except FileExistsError:
-                continue
-            config.run_dir = str(run_dir)
-            return run_dir
+                config.run_dir = str(run_dir)
+                return run_dir
         raise ConfigError(f"could not create a new directory next to {base}; pass --run-dir")
     run_dir = Path(config.run_dir)
     if run_dir.exists() and not run_dir.is_dir():
         raise ConfigError(f"run directory {run_dir} is a file; pick another --run-dir")
     if run_dir.exists() and any(run_dir.iterdir()):
-        raise ConfigError(f"run directory {run_dir} already holds a run; resume it with --resume or pick another "
-                          "--run-dir" if has_checkpoint(run_dir) else f"run directory {run_dir} already holds files "
-                          "(no checkpoint to resume); delete them or pick another --run-dir")
+        ckpt = (run_dir / CHECKPOINT_JSON).exists()
+        held = "a run; resume it with --resume" if ckpt else "files but no checkpoint; delete them"
+        raise ConfigError(f"run directory {run_dir} already holds {held} or pick another --run-dir")
     run_dir.mkdir(parents=True, exist_ok=True)
     return run_dir
 
@@ -236,7 +238,3 @@ def checked_floats(stats: dict[str, torch.Tensor], step: int) -> dict[str, float
         raise TrainingError(f"{bad[0]} became {values[bad[0]]} by step {step}; lower the learning rate or check the "
                             "env's rewards (the last checkpoint is kept)")
     return values
-
-
-def has_checkpoint(run_dir: str | Path) -> bool:
-    return (Path(run_dir) / CHECKPOINT_JSON).exists()

@@ -4,6 +4,7 @@ the best policy across a crash, damaged files."""
 from __future__ import annotations
 
 import math
+import shutil
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -62,7 +63,7 @@ def test_a_run_directory_that_is_a_file_or_holds_other_files_is_refused(tmp_path
     with pytest.raises(ConfigError, match=r"afile is a file; pick another --run-dir$"):
         prepare_run_dir(make_config("ppo", ENV, run_dir=str(tmp_path / "afile")), resume=False)
     (tmp_path / "failed" / "tb").mkdir(parents=True)  # what a run that failed before its first checkpoint leaves
-    with pytest.raises(ConfigError, match=r"already holds files \(no checkpoint to resume\); delete them"):
+    with pytest.raises(ConfigError, match=r"already holds files but no checkpoint; delete them"):
         prepare_run_dir(make_config("ppo", ENV, run_dir=str(tmp_path / "failed")), resume=False)
     assert (tmp_path / "afile").read_text() == "x" and (tmp_path / "failed" / "tb").is_dir()
 
@@ -179,3 +180,34 @@ def test_nan_actions_are_named_as_the_agents() -> None:
             env.step(torch.full((2, 1), math.nan))
     finally:
         env.close()
+
+
+def test_a_resumed_gymnasium_run_is_reproducible(tmp_path: Path) -> None:
+    """Gymnasium envs have no generator to checkpoint: a resumed run reseeds them from its seed and step."""
+    jaderl.train("dqn", "CartPole-v1", run_dir=str(tmp_path / "run"), total_steps=200, warmup_steps=100,
+                 hidden=[16], eval_every=200, eval_episodes=1, device="cpu")
+    for copy in ("a", "b"):
+        shutil.copytree(tmp_path / "run", tmp_path / copy)
+        jaderl.resume(tmp_path / copy, total_steps=400)
+    a, b = load_checkpoint(tmp_path / "a"), load_checkpoint(tmp_path / "b")
+    assert torch.equal(a["buffer"][0]["obs"], b["buffer"][0]["obs"])
+    assert all(torch.equal(v, b["agent"]["q_net"][k]) for k, v in a["agent"]["q_net"].items())
+
+
+def test_tensorboard_hides_what_a_resume_redoes(run_dir: Path) -> None:
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+    first = set((run_dir / "tb").iterdir())
+    Evaluator(make_env(ENV, 1, "cpu"), run_dir, seed=4, resume_step=256).close()
+    (new,) = set((run_dir / "tb").iterdir()) - first
+    starts = [e.step for e in EventFileLoader(str(new)).Load() if e.HasField("session_log")]
+    assert starts == [257]  # TensorBoard purges the points at steps >= 257 of the earlier files
+
+
+def test_device_names_are_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ConfigError, match=r"^device='cuda:x' is invalid"):
+        make_config("ppo", ENV, device="cuda:x")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(ConfigError, match=r"^device='cuda:3': only 1 GPUs are visible; use a lower index$"):
+        loop.resolve_device("cuda:3")
