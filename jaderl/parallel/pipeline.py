@@ -154,7 +154,7 @@ def _explorer(worker: int, config_dict: dict[str, Any], agent_cls: type[Agent], 
         torch.manual_seed(config.seed)
         env = make_env(config.env, config.num_envs, "cpu", seed=config.seed, workers=config.env_workers)
         agent = agent_cls(config, env, torch.device("cpu"))
-        agent.steps = start_steps  # the first reset is seeded (config.seed) whatever the steps
+        agent.steps = start_steps  # config.seed (this worker's, from start_steps) seeds the env
         used = -1
         try:
             while not shared.stop.is_set():
