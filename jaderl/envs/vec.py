@@ -133,7 +133,8 @@ class GymnasiumVecEnv(GymnasiumSpaces):
         self.max_steps = int(limit or 0)
 
     def _tensor(self, array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
-        return torch.as_tensor(np.asarray(array), device=self.device).to(dtype)
+        # always a copy: a vector env made with copy=False returns the same array every step
+        return torch.tensor(np.asarray(array), dtype=dtype, device=self.device)
 
     def reset(self, seed: int | None = None) -> torch.Tensor:
         obs, _ = self.env.reset(seed=seed)

@@ -107,6 +107,20 @@ def test_from_sync_vector_env(closing: list[GymnasiumVecEnv]) -> None:
         assert not terminated.any() and truncated.all() == (i == 6)
 
 
+def test_observations_of_a_vector_env_that_reuses_its_buffer_are_copied(closing: list[GymnasiumVecEnv]) -> None:
+    """A vector env made with ``copy=False`` returns the same array every step: a stored observation must not
+    change when the env steps again."""
+    vec = gym.vector.SyncVectorEnv([lambda: gym.make("Pendulum-v1")] * 2, copy=False, autoreset_mode=SAME_STEP)
+    env = GymnasiumVecEnv(vec)
+    closing.append(env)
+    first = env.reset(seed=1)
+    kept = first.clone()
+    second, *_ = env.step(torch.ones(2, 1))
+    assert torch.equal(first, kept) and not torch.equal(second, first)
+    third, *_ = env.step(torch.ones(2, 1))
+    assert not torch.equal(third, second)
+
+
 def test_seeded_reset_is_reproducible(closing: list[GymnasiumVecEnv]) -> None:
     a, b = GymnasiumVecEnv("CartPole-v1", 2), GymnasiumVecEnv("CartPole-v1", 2)
     closing += [a, b]
