@@ -138,6 +138,9 @@ def main(argv: list[str] | None = None) -> int:
     except TrainingError as exc:
         print(f"jaderl: error: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # a Ctrl-C outside training's own handling (set-up, or a second one while saving)
+        print("jaderl: interrupted; the last complete checkpoint is kept", file=sys.stderr)
+        return 130
     except OSError as exc:  # a full disk, a lost mount: the checkpoint on disk is the last complete one
         where = f" ({exc.filename})" if exc.filename else ""
         print(f"jaderl: error: {exc.strerror or exc}{where}; the last complete checkpoint is kept: free space or "

@@ -291,3 +291,13 @@ def test_a_full_disk_is_one_line_and_exit_1(monkeypatch: pytest.MonkeyPatch, cap
     assert code == 1 and err.splitlines() == [
         f"jaderl: error: No space left on device ({tmp_path / 'ckpt-256.safetensors.tmp'}); the last complete "
         "checkpoint is kept: free space or fix the path, then continue with --resume"]
+
+
+def test_a_ctrl_c_outside_the_loop_is_one_line_and_exit_130(monkeypatch: pytest.MonkeyPatch,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    def interrupted(*args: Any, **kwargs: Any) -> None:
+        raise KeyboardInterrupt  # e.g. a second Ctrl-C while the loop writes its last checkpoint
+
+    monkeypatch.setattr("jaderl.api.train", interrupted)
+    code, _, err = _run(["train", "ppo", ENV], capsys)
+    assert code == 130 and err.splitlines() == ["jaderl: interrupted; the last complete checkpoint is kept"]
