@@ -73,8 +73,9 @@ def _checkpoint_meta(run_dir: str | Path) -> dict[str, Any]:
         raise ConfigError(f"{run_dir} holds no readable checkpoint ({path} is missing or damaged)") from None
 
 
-def _saved_config(run_dir: str | Path) -> Config:
-    saved = _checkpoint_meta(run_dir)["config"]
+def _saved_config(run_dir: str | Path, meta: dict[str, Any] | None = None) -> Config:
+    """The config ``run_dir``'s checkpoint was saved with (``meta``: its :func:`_checkpoint_meta`, if already read)."""
+    saved = (meta or _checkpoint_meta(run_dir))["config"]
     try:
         return make_config(**saved)  # saved holds algo and env too
     except TypeError:
@@ -84,7 +85,8 @@ def _saved_config(run_dir: str | Path) -> Config:
 def resume(run_dir: str | Path, /, progress: Progress | None = None, **settings: Any) -> TrainResult:
     """Continue the run in ``run_dir`` from its last checkpoint; ``settings`` may change the
     :data:`RESUME_SETTINGS` (budgets such as ``total_steps``, cadences, device)."""
-    meta, config = _checkpoint_meta(run_dir), _saved_config(run_dir)
+    meta = _checkpoint_meta(run_dir)
+    config = _saved_config(run_dir, meta)
     if "run_dir" in settings and Path(settings["run_dir"]).resolve() != Path(run_dir).resolve():
         raise ConfigError(f"run_dir={settings['run_dir']!r} cannot be given when resuming {run_dir}: the run goes "
                           "on in its own directory; drop --run-dir")
@@ -94,11 +96,11 @@ def resume(run_dir: str | Path, /, progress: Progress | None = None, **settings:
                               f"{key}={getattr(config, key)!r}; a resume may change only "
                               f"{', '.join(RESUME_SETTINGS)}; start a new run for other settings")
     config = config.replace(**{**settings, "run_dir": str(run_dir)})
-    if meta["steps"] >= config.total_steps or (config.time_limit is not None and meta["time_s"] >= config.time_limit):
-        budget = (f"total_steps={config.total_steps}" if meta["steps"] >= config.total_steps
-                  else f"time_limit={config.time_limit}")
-        raise ConfigError(f"{run_dir} already reached its budget ({budget}) at step {meta['steps']:,}; resume with "
-                          "a larger --total-steps or --time-limit to train on")
+    budgets = {"total_steps": (config.total_steps, meta["steps"]), "time_limit": (config.time_limit, meta["time_s"])}
+    reached = [f"{name}={limit}" for name, (limit, used) in budgets.items() if limit is not None and used >= limit]
+    if reached:
+        raise ConfigError(f"{run_dir} already reached its budget ({reached[0]}) at step {meta['steps']:,}; resume "
+                          "with a larger --total-steps or --time-limit to train on")
     return _run(config, resume=True, progress=progress)
 
 

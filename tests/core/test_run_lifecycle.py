@@ -76,6 +76,7 @@ def test_a_run_directory_that_is_a_file_or_holds_other_files_is_refused(tmp_path
     ({"minibatch_size": 32}, r"^minibatch_size=32 cannot change"),
     ({"run_dir": "elsewhere"}, r"^run_dir='elsewhere' cannot be given when resuming"),
     ({}, r"already reached its budget \(total_steps=512\) at step 512; resume with a larger --total-steps"),
+    ({"total_steps": 1024, "time_limit": 0.001}, r"already reached its budget \(time_limit=0.001\) at step 512"),
 ])
 def test_resume_refuses_what_the_checkpoint_cannot_take(run_dir: Path, settings: dict[str, Any], match: str) -> None:
     before = _snapshot(run_dir)
