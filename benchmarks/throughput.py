@@ -25,7 +25,9 @@ Sections
               16, 256, 4,096 and 65,536 sub-envs (``--quick``: 1, 256, 4,096), on ``--device`` (one CPU thread on
               the CPU). Random actions are drawn on the device before
               timing (a pool of 16 batches, cycled); only ``step`` is timed, in a loop after a warm-up, long enough
-              to last ``--min-time`` seconds; the table gives the median of ``--repeats`` timings. Targets: the torch
+              to last ``--min-time`` seconds; the table gives the median of ``--repeats`` timings. On the CPU the
+              envs skip the reset work of steps where no sub-env finished (``sync_free=False``, their CPU default);
+              an extra row times Pendulum with ``sync_free=True``, the GPU's way of stepping. Targets: the torch
               Pendulum at 4,096 envs >= 10M env-steps/s on the CPU; >= 200M env-steps/s on a GPU (its best size).
     ppo       end-to-end PPO training samples/s: env steps collected and learned from per second of wall time, setup
               and a warm-up iteration excluded, no evaluation or logging. jaderl: PPO on ``--ppo-envs`` sub-envs of
@@ -200,11 +202,15 @@ def _sync(device: Any) -> None:
         torch.cuda.synchronize(device)
 
 
-def _time_env(env_cls: Any, num_envs: int, device: str, min_time: float, repeats: int) -> float:
-    """Median env-steps/s of ``step`` with random actions drawn on the device beforehand."""
+def _time_env(env_cls: Any, num_envs: int, device: str, min_time: float, repeats: int,
+              sync_free: bool | None = None) -> float:
+    """Median env-steps/s of ``step`` with random actions drawn on the device beforehand (``sync_free``: that mode
+    instead of the device's default)."""
     import torch
 
     env = env_cls(num_envs=num_envs, device=device, seed=0)
+    if sync_free is not None:
+        env.sync_free = sync_free
     env.reset(seed=0)
     gen = torch.Generator(device=device).manual_seed(0)
     pool = 16
@@ -249,6 +255,9 @@ def section_torch_envs(args: argparse.Namespace) -> None:
     envs = {name: cls for name, cls in TORCH_ENVS.items() if not any(s in name for s in SKIPPED_ENVS)}
     notes = [f"skipped: {name}" for name in TORCH_ENVS if name not in envs]
     rates = {name: {n: _time_env(cls, n, device, min_time, repeats) for n in sizes} for name, cls in envs.items()}
+    if device == "cpu":  # the GPU's step (masked resets every step, no host read) measured on the CPU, for reference
+        rates["jaderl/Pendulum-v1, sync_free=True"] = {
+            n: _time_env(envs["jaderl/Pendulum-v1"], n, device, min_time, repeats, sync_free=True) for n in sizes}
     if load_at_start > LOAD_LIMIT:
         notes.append(f"measured under load (1-min load average {load_at_start:.2f} > {LOAD_LIMIT} at start)")
     threads = f"{torch.get_num_threads()} CPU thread" if device == "cpu" else _device_name(device)

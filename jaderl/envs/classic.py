@@ -5,7 +5,7 @@ machinery and the same promises; their class docstrings say what matches Gymnasi
 ``MORE_TORCH_ENVS``, which :mod:`jaderl.envs` merges into its ``TORCH_ENVS``.)
 
 Both envs follow the :class:`~jaderl.envs.vec.VecEnv` contract and run as pure tensor code (no per-env Python loop,
-no host synchronisation in ``step``), on CPU or CUDA, for any number of sub-envs.
+no host synchronisation in ``step`` on a GPU; see ``sync_free``), on CPU or CUDA, for any number of sub-envs.
 
 What matches Gymnasium 1.4 (``gymnasium/envs/classic_control/pendulum.py`` and ``cartpole.py``, plus the
 ``TimeLimit`` wrapper that ``gym.make`` adds):
@@ -89,6 +89,12 @@ class _TorchClassicEnv(VecEnv):
         self._state = self._sample_initial()
         self.elapsed_steps = torch.zeros(self.num_envs, dtype=torch.int64, device=self.device)
         """Steps each sub-env has taken since its last reset, ``(num_envs,)`` int64 (the ``TimeLimit`` counter)."""
+        self.sync_free = self.device.type != "cpu"
+        """``True`` (the default on a GPU): ``step`` never reads a tensor's value on the host, so it resets finished
+        sub-envs by masking, drawing initial states for all of them every step. ``False`` (the default on the CPU,
+        where such a read costs nothing): a step in which no sub-env finished skips the draw, the mask and the second
+        observation, about 1.5x faster for Pendulum at 4,096 envs. The two draw from the generator at different
+        times, so the same seed gives different initial states after the first auto-reset."""
         # True until the first step/reset/set_state: the first reset() without a seed then keeps the initial state
         # drawn here, so ``Env(seed=s).reset()`` and ``Env().reset(seed=s)`` give the same states.
         self._fresh = True
@@ -157,7 +163,7 @@ class _TorchClassicEnv(VecEnv):
         return self._observe()
 
     def _finish_step(self, terminated: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict]:
-        """Count the step, truncate like ``TimeLimit``, auto-reset finished sub-envs (masked, no host sync).
+        """Count the step, truncate like ``TimeLimit``, auto-reset finished sub-envs (masked; see ``sync_free``).
 
         Returns ``obs``, ``terminated``, ``truncated`` and ``info``.
         """
@@ -169,9 +175,11 @@ class _TorchClassicEnv(VecEnv):
         else:
             done = terminated | truncated
         final_obs = self._observe()
+        self._fresh = False
+        if not self.sync_free and not done.any():  # nothing to reset (199 of Pendulum's 200 steps): see sync_free
+            return final_obs.clone(), terminated, truncated, {"final_obs": final_obs}
         torch.where(done, self._sample_initial(), self._state, out=self._state)
         steps.masked_fill_(done, 0)
-        self._fresh = False
         return self._observe(), terminated, truncated, {"final_obs": final_obs}
 
     def _action(self, action: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:

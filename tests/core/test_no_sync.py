@@ -68,6 +68,7 @@ def _setup(algo: str) -> tuple[Any, Any, Any]:
         fields = {**OFF_POLICY, **fields}
     config = make_config(name, env_id, **fields)
     env = make_env(env_id, config.num_envs, "cpu", seed=0)
+    env.sync_free = True  # the torch envs' GPU behaviour: on the CPU they read `done` to skip idle resets
     torch.manual_seed(0)
     agent = agent_cls(config, env, torch.device("cpu"))
     return agent, env, agent.make_buffer()

@@ -144,9 +144,11 @@ def test_cartpole_terminated_and_truncated_on_the_same_step_like_time_limit() ->
     assert env.elapsed_steps.tolist() == [0] and (obs.abs() <= 0.05).all()
 
 
-def test_pendulum_truncates_at_exactly_200_and_auto_resets() -> None:
+@pytest.mark.parametrize("sync_free", [False, True])
+def test_pendulum_truncates_at_exactly_200_and_auto_resets(sync_free: bool) -> None:
     n = 64
     env = PendulumEnv(n, dtype=torch.float64, seed=3)
+    env.sync_free = sync_free
     env.reset()
     late = torch.arange(n) % 2 == 1
     env.set_state(env.state, elapsed_steps=torch.where(late, 150, 0))  # odd rows: 50 steps left
@@ -174,9 +176,11 @@ def test_pendulum_truncates_at_exactly_200_and_auto_resets() -> None:
     assert (env.elapsed_steps == torch.where(late, 150, 0)).all()
 
 
-def test_cartpole_auto_resets_terminated_sub_envs() -> None:
+@pytest.mark.parametrize("sync_free", [False, True])
+def test_cartpole_auto_resets_terminated_sub_envs(sync_free: bool) -> None:
     n = 32
     env = CartPoleEnv(n, dtype=torch.float64, seed=4)
+    env.sync_free = sync_free
     falling = torch.arange(n) < n // 2
     state = env.state
     state[falling] = torch.tensor([2.39, 1.0, 0.0, 0.0], dtype=torch.float64)  # leaves the track on the next step
@@ -190,12 +194,35 @@ def test_cartpole_auto_resets_terminated_sub_envs() -> None:
     assert torch.equal(env.elapsed_steps, (~falling).long())
 
 
+def test_skipping_idle_resets_changes_nothing_before_the_first_reset() -> None:
+    """On the CPU a step with no finished sub-env skips the reset work (``sync_free=False``); both modes agree until
+    a sub-env resets, and ``obs`` never shares memory with ``info["final_obs"]``."""
+    assert PendulumEnv(4).sync_free is False
+    n = 8
+    envs = [PendulumEnv(n, dtype=torch.float64, seed=2) for _ in range(2)]
+    envs[1].sync_free = True
+    first = [env.reset() for env in envs]
+    assert torch.equal(first[0], first[1])
+    gen = torch.Generator().manual_seed(0)
+    for t in range(1, 201):
+        action = torch.rand(n, 1, generator=gen, dtype=torch.float64) * 2 - 1
+        (obs, reward, _, truncated, info), (obs1, reward1, _, truncated1, info1) = (env.step(action) for env in envs)
+        assert torch.equal(info["final_obs"], info1["final_obs"]) and torch.equal(reward, reward1), f"step {t}"
+        assert torch.equal(truncated, truncated1) and truncated.all() == (t == 200)
+        if t < 200:
+            assert torch.equal(obs, obs1)
+        obs.add_(1.0)  # a caller writing into obs leaves final_obs alone
+        assert not torch.equal(obs, info["final_obs"])
+
+
+@pytest.mark.parametrize("sync_free", [False, True])
 @pytest.mark.parametrize("cls", [PendulumEnv, CartPoleEnv])
-def test_same_seed_same_rollout_different_seed_different(cls: type[PendulumEnv | CartPoleEnv]) -> None:
+def test_same_seed_same_rollout_different_seed_different(cls: type[PendulumEnv | CartPoleEnv], sync_free: bool) -> None:
     n, steps = 16, 210  # past Pendulum's 200-step limit, so auto-resets are covered too
 
     def rollout(seed: int, via_reset: bool) -> torch.Tensor:
         env = cls(n) if via_reset else cls(n, seed=seed)
+        env.sync_free = sync_free
         first = env.reset(seed=seed) if via_reset else env.reset()
         gen = torch.Generator().manual_seed(123)  # the same actions for every rollout
         out = [first]
