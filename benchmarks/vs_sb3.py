@@ -31,11 +31,11 @@ How it is measured
     * jaderl runs with ``torch.set_num_threads(1)`` (its default); SB3 with torch's default thread count unless
       ``--sb3-threads`` says otherwise. Both run on the CPU.
     * The same evaluation for both: every ``eval_every`` env steps (all sub-envs counted) the deterministic policy
-      plays 10 episodes on a separate env, seeded ``seed + 1 + k`` at evaluation k; a run stops as soon as the mean
-      return reaches the target. jaderl does this itself (10 parallel sub-envs of its torch env); for SB3 a
-      callback runs ``evaluate_policy`` on a 10-env DummyVecEnv of Gymnasium envs (one episode per sub-env), which
-      was about 5x faster than a 1-env loop on the development machine. Both libraries also evaluate once more
-      when a run stops on its budget (jaderl's loop always does).
+      plays 10 episodes on a separate env, seeded ``seed + 1 + 10 k`` at evaluation k (sub-env i: that + i); a run
+      stops as soon as the mean return reaches the target. jaderl does this itself (10 parallel sub-envs of its
+      torch env); for SB3 a callback runs ``evaluate_policy`` on a 10-env DummyVecEnv of Gymnasium envs (one
+      episode per sub-env), which was about 5x faster than a 1-env loop on the development machine. Both libraries
+      also evaluate once more when a run stops on its budget (jaderl's loop always does).
     * ``wall time`` is the training time to the end of the evaluation that reached the target, evaluations
       included: for jaderl from the start of its training loop (after env, agent and evaluator are built; the same
       clock as ``TrainResult.time_s``), for SB3 from the call
@@ -360,8 +360,8 @@ def run_sb3(spec: RunSpec) -> RunResult:
             self.eval_env, self.next_eval, self.start, self.stop_reason = eval_env, task.eval_every, 0.0, "total_steps"
 
         def evaluate(self) -> float:
-            # evaluation k starts from start states seeded seed + 1 + k, as jaderl's evaluator does
-            self.eval_env.seed(spec.seed + 1 + len(evals))
+            # evaluation k seeds its sub-envs from seed + 1 + k * EVAL_EPISODES, as jaderl's evaluator does
+            self.eval_env.seed(spec.seed + 1 + len(evals) * EVAL_EPISODES)
             mean, _ = evaluate_policy(self.model, self.eval_env, n_eval_episodes=EVAL_EPISODES, deterministic=True)
             now = time.perf_counter()
             evals.append(Evaluation(self.num_timesteps, now - self.start, now, float(mean)))
@@ -549,7 +549,7 @@ def report(tasks: list[Task], results: dict[str, list[RunResult]], quick: bool, 
         "(jaderl: from the start of its training loop; SB3: from `model.learn`); *incl. setup* adds building envs "
         "and model. Unsolved runs count with the steps and time they used. Each run is a fresh subprocess; runs "
         "are sequential, alternating libraries per seed. SB3 evaluates with `evaluate_policy` on a 10-env "
-        "DummyVecEnv (one episode per sub-env), seeded with seed + 1 + k at evaluation k, as jaderl seeds "
+        "DummyVecEnv (one episode per sub-env), seeded with seed + 1 + 10 k at evaluation k, as jaderl seeds "
         "its evaluations.",
     ]
     if quick:

@@ -133,15 +133,16 @@ def test_load_reproduces_evaluations(tmp_path: Path, tiny_ppo: Settings) -> None
     result = jaderl.train("ppo", ENV, run_dir=str(run_dir), **tiny_ppo(total_steps=768, normalize_obs=True))
     settings = api.make_config("ppo", ENV, **tiny_ppo())
     rows = _rows(run_dir)
-    # the best policy replays the best evaluation exactly: evaluation k uses eval seed (seed + 1) + k
+    # the best policy replays the best evaluation exactly: evaluation k uses eval seed (seed + 1) + k * eval_episodes
     best_index = max(range(len(rows)), key=lambda i: float(rows[i]["eval_return_mean"]))
-    report = api.evaluate(run_dir, episodes=settings.eval_episodes, seed=settings.seed + 1 + best_index)
+    best_seed = settings.seed + 1 + best_index * settings.eval_episodes
+    report = api.evaluate(run_dir, episodes=settings.eval_episodes, seed=best_seed)
     assert report["mean"] == pytest.approx(result.best_eval_return, abs=1e-4)
     assert report["episodes"] == 2 and len(report["returns"]) == 2
     # the last state replays the last evaluation (the final checkpoint follows it)
     last = api.load(run_dir, best=False)
     env = make_env(ENV, settings.eval_episodes, "cpu", seed=settings.seed + 1)
-    returns, _ = run_episodes(last, env, settings.seed + len(rows))
+    returns, _ = run_episodes(last, env, settings.seed + 1 + (len(rows) - 1) * settings.eval_episodes)
     assert returns.mean().item() == pytest.approx(float(rows[-1]["eval_return_mean"]), abs=1e-4)
     assert last.obs_norm.count.item() > 1  # normalisation statistics came back with the agent
     # loading twice gives identical actions, deterministic and sampled

@@ -73,8 +73,9 @@ class Evaluator:
 
     def evaluate(self, agent: Agent, step: int, time_s: float, stats: dict[str, float]) -> dict[str, float]:
         """Evaluate, log ``stats`` and the result at ``step``, save the policy if it is the best so far."""
-        # a new set of start states per evaluation (seeded by its index: reproducible, and the same after a resume)
-        returns, lengths = run_episodes(agent, self.env, self.seed + len(self.rows))
+        # new start states per evaluation, reproducible and the same after a resume: evaluation k seeds with
+        # seed + k * num_envs, as a Gymnasium vector env seeds sub-env i with seed + i (no start state is shared)
+        returns, lengths = run_episodes(agent, self.env, self.seed + len(self.rows) * self.env.num_envs)
         row = {"step": step, "time_s": round(time_s, 3), "eval_return_mean": returns.mean().item(),
                "eval_return_std": returns.std(unbiased=False).item(), "eval_episode_length": lengths.mean().item(),
                "train_episode_return": stats.get("train/episode_return", math.nan)}

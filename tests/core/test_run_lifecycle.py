@@ -14,6 +14,7 @@ import torch
 from safetensors import safe_open
 
 import jaderl
+from jaderl.algos import ALGOS
 from jaderl.api import make_config
 from jaderl.core import checkpoint as checkpoint_module
 from jaderl.core import loop
@@ -171,6 +172,30 @@ def test_resume_keeps_a_newer_best_policy_and_skips_a_cut_metrics_line(run_dir: 
         assert evaluator.best_return == 1000.0  # a worse later policy does not overwrite the best file
     finally:
         evaluator.close()
+
+
+def test_consecutive_evaluations_share_no_start_state(tmp_path: Path) -> None:
+    """A Gymnasium vector env seeds sub-env i with seed + i: evaluation k must not reuse evaluation k-1's seeds."""
+    env = make_env("CartPole-v1", 4, "cpu")
+    starts: list[torch.Tensor] = []
+    reset = env.reset
+
+    def recording_reset(seed: int | None = None) -> torch.Tensor:
+        starts.append(obs := reset(seed=seed))
+        return obs
+
+    env.reset = recording_reset  # type: ignore[method-assign]
+    agent = ALGOS["dqn"].agent_cls(make_config("dqn", "CartPole-v1", hidden=[8], device="cpu"), env,
+                                          torch.device("cpu"))
+    evaluator = Evaluator(env, tmp_path, seed=7)
+    try:
+        for step in range(3):
+            evaluator.evaluate(agent, step, 0.0, {})
+    finally:
+        evaluator.close()
+        env.close()
+    rows = torch.cat(starts)
+    assert len(starts) == 3 and len(torch.unique(rows, dim=0)) == 12, "12 evaluation episodes, 12 different starts"
 
 
 def test_nan_actions_are_named_as_the_agents() -> None:
