@@ -62,7 +62,7 @@ class A2C(OnPolicyAgent):
     def __init__(self, config: A2CConfig, env: VecEnv, device: torch.device) -> None:
         super().__init__(config, env, device)
         params = self.build_actor_critic(config.hidden, critic=True, log_std_init=config.log_std_init)
-        if config.optimizer == "rmsprop":  # TF's RMSprop defaults, as in the paper's code and SB3
+        if config.optimizer == "rmsprop":  # SB3's A2C optimizer (PyTorch's RMSprop: eps outside the root)
             self.optimizer: torch.optim.Optimizer = torch.optim.RMSprop(params, lr=config.lr, alpha=0.99, eps=1e-5)
         else:
             self.optimizer = self.adam(params, lr=config.lr, eps=1e-5)

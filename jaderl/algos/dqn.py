@@ -75,6 +75,7 @@ class DQN(OffPolicyAgent):
         frac = min(1.0, self.steps / cfg.epsilon_decay_steps)
         return cfg.epsilon_start + frac * (cfg.epsilon_end - cfg.epsilon_start)
 
+    @torch.no_grad()
     def act(self, obs: torch.Tensor, deterministic: bool = False) -> torch.Tensor:
         return self.q_net(self.features(obs), noise=not deterministic).argmax(-1)
 

@@ -40,6 +40,7 @@ class PPOConfig(Config, HTermConfig):
     vf_coef: float = param(0.5, "value loss weight", low=0.0)
     max_grad_norm: float = param(0.5, "clip gradient norm to this (0 disables)", low=0.0)
     normalize_advantages: bool = param(True, "normalise advantages per minibatch")
+    log_std_init: float = param(-0.5, "initial log standard deviation of the Gaussian policy (continuous actions)")
 
     def validate(self) -> None:
         super().validate()
@@ -63,7 +64,8 @@ class PPO(OnPolicyAgent):
 
     def __init__(self, config: PPOConfig, env: VecEnv, device: torch.device) -> None:
         super().__init__(config, env, device)
-        self.optimizer = self.adam(self.build_actor_critic(config.hidden, critic=True), lr=config.lr, eps=1e-5)
+        params = self.build_actor_critic(config.hidden, critic=True, log_std_init=config.log_std_init)
+        self.optimizer = self.adam(params, lr=config.lr, eps=1e-5)
 
     def update(self, buffer: RolloutBuffer) -> dict[str, torch.Tensor]:
         cfg, data = self.config, buffer.data

@@ -16,9 +16,11 @@ Steps 2 and 3 run on every ``actor_every``-th critic step (every one by default)
 REDQ (Chen et al. 2021, https://arxiv.org/abs/2101.05982, Algorithm 1) is the preset ``num_critics=10,
 num_target_critics=2, actor_reduce=mean`` with an update-to-data ratio ``updates_per_step=20`` and
 ``actor_every=20``: twenty critic steps and one actor step per env step. ModSAC (``modsac=True``) adapts how often
-the actor learns to how well the critics fit: with c the running mean of the critic loss and lambda = exp(-c^2) in
-(0, 1], the actor steps only while actor_updates / critic_updates < 1 / (2 - lambda), i.e. on every critic step
-when the critics fit well (lambda -> 1) and on every second one when they do not (lambda -> 0). c is taken once per
+the actor learns to how well the critics fit: with c the running mean of the critic loss (an exponential moving
+average over about 200 critic steps that starts at sqrt(ln 2), as ElegantRL's ModSAC does) and lambda = exp(-c^2)
+in (0, 1], the actor steps only while actor_updates / critic_updates < 1 / (2 - lambda), i.e. on every critic step
+when the critics fit well (lambda -> 1), on every second one when they do not (lambda -> 0) and on two of three
+before any critic loss is known (lambda = 1/2). c is taken once per
 ``update`` call; the decision stays on the device: the actor and alpha step every time and a step that is not due is
 undone (parameters and optimizer states restored), so the schedule costs no host sync (an undone step still draws
 its random numbers).
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 from typing import Any
 
 import torch
@@ -99,7 +102,8 @@ class SAC(OffPolicyAgent):
         self._actor_stats = torch.zeros(2, device=device)  # the latest actor step's loss and entropy
         self.critic_updates, self.actor_updates = 0, 0
         self.critic_loss_avg = 0.0
-        self._critic_loss_ema = torch.zeros((), device=device)  # ModSAC's running critic loss
+        # ModSAC's running critic loss c, from sqrt(ln 2): lambda = 1/2 until the critics' loss is known
+        self._critic_loss_ema = torch.full((), math.sqrt(math.log(2.0)), device=device)
 
     @property
     def actor_updates(self) -> int:
@@ -127,6 +131,7 @@ class SAC(OffPolicyAgent):
         if "critic_loss_ema" in state:
             self._critic_loss_ema.copy_(state["critic_loss_ema"])
 
+    @torch.no_grad()
     def act(self, obs: torch.Tensor, deterministic: bool = False) -> torch.Tensor:
         x = self.features(obs)
         return self.actor(x) if deterministic else self.actor.sample(x)[0]

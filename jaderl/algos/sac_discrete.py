@@ -58,6 +58,7 @@ class DiscreteSAC(OffPolicyAgent):
         self.alpha_optimizer = self.adam([self.log_alpha], lr=config.lr)
         self.target_entropy = config.target_entropy_ratio * math.log(self.action_dim)
 
+    @torch.no_grad()
     def act(self, obs: torch.Tensor, deterministic: bool = False) -> torch.Tensor:
         x = self.features(obs)
         return self.actor(x) if deterministic else self.actor.sample(x)

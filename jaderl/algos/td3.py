@@ -86,6 +86,7 @@ class TD3(OffPolicyAgent):
         self.ou_noise = torch.zeros(self.num_envs, self.action_dim, device=device)  # (N, action_dim)
         self.actor_loss_value: torch.Tensor | None = None  # the latest, reported between delayed actor steps
 
+    @torch.no_grad()
     def act(self, obs: torch.Tensor, deterministic: bool = False) -> torch.Tensor:
         """mu(obs): the policy is deterministic either way; ``explore_action`` adds the exploration noise."""
         return self.actor(self.features(obs))

@@ -65,7 +65,8 @@ class Agent:
 
     # --- the verbs ---
     def act(self, obs: torch.Tensor, deterministic: bool = False) -> torch.Tensor:
-        """Actions (N,) or (N, action_dim) in [-1, 1] for raw observations (N, *obs_shape)."""
+        """Actions (N,) or (N, action_dim) in [-1, 1] for raw observations (N, *obs_shape), computed without
+        gradients (every algorithm's ``act`` runs under ``torch.no_grad``)."""
         raise NotImplementedError
 
     def explore_action(self, obs: torch.Tensor) -> torch.Tensor:
@@ -253,6 +254,7 @@ class OnPolicyAgent(Agent):
             params += list(self.critic.parameters())
         return params
 
+    @torch.no_grad()
     def act(self, obs: torch.Tensor, deterministic: bool = False) -> torch.Tensor:
         x = self.features(obs)
         if deterministic:

@@ -76,7 +76,7 @@ class CategoricalActor(nn.Module):
 
 
 class GaussianActor(nn.Module):
-    """Continuous policy N(mean(obs), exp(log_std)) with a state-independent log std (PPO, A2C)."""
+    """Continuous policy N(mean(obs), exp(log_std)) with a state-independent log std (PPO, A2C, REINFORCE, VPG)."""
 
     def __init__(self, obs_dim: int, action_dim: int, hidden: Sequence[int], activation: type[nn.Module] = nn.Tanh):
         super().__init__()

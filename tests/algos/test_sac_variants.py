@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -88,6 +90,17 @@ def test_modsac_updates_the_actor_every_step_when_critics_fit_and_every_other_wh
     for _ in range(6):
         agent.update_once(batch)
     assert (agent.critic_updates, agent.actor_updates) == (6, 3)
+
+
+def test_modsac_starts_with_the_actor_on_two_of_three_critic_steps() -> None:
+    """Before any critic loss is known, c = sqrt(ln 2): lambda = 1/2 and a threshold of 1 / (2 - 1/2) = 2/3."""
+    agent, batch = _agent("modsac")
+    c = agent.state_dict()["critic_loss_ema"]
+    assert c.item() == pytest.approx(math.sqrt(math.log(2.0)))
+    agent.critic_loss_avg = c.item()  # what update() takes before its gradient steps
+    for _ in range(6):
+        agent.update_once(batch)
+    assert (agent.critic_updates, agent.actor_updates) == (6, 4)
 
 
 def test_plain_sac_updates_the_actor_every_step() -> None:

@@ -60,8 +60,8 @@ def test_train_load_act(algo: str, kind: str, tmp_path: Path) -> None:
         env = make_env(env_id, 7, "cpu", seed=5)
         obs = env.reset()
         for deterministic in (True, False):
-            with torch.no_grad():
-                action = agent.act(obs, deterministic=deterministic)
+            action = agent.act(obs, deterministic=deterministic)  # no gradients: ready for .numpy() as it is
+            assert not action.requires_grad
             if kind == "discrete":
                 assert action.shape == (7,) and not action.dtype.is_floating_point
                 assert int(action.min()) >= 0 and int(action.max()) < env.action_dim
