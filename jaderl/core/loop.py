@@ -197,8 +197,8 @@ def restore_state(run_dir: Path, agent: Agent, buffer: Any, env: VecEnv | None =
     torch.set_rng_state(state["rng"]["torch"])
     if agent.device.type == "cuda" and state["rng"].get("cuda") is not None:
         torch.cuda.set_rng_state(state["rng"]["cuda"], agent.device)
-    if getattr(env, "generator", None) is not None and state["rng"].get("env") is not None:
-        env.generator.set_state(state["rng"]["env"].to(env.generator.get_state().device))
+    if env is not None and state["rng"].get("env") is not None:
+        env.set_rng_state(state["rng"]["env"])  # the next reset draws from it, not from the env's seed
     return state["counters"]
 
 

@@ -90,6 +90,8 @@ INITIAL_CASH_JITTER = 0.1
 
 _TICKER_COLUMNS = ("ticker", "tic", "symbol")
 _CLOSE_COLUMNS = ("close", "price")
+_PRICE_FIELDS = ("open", "high", "low", "close", "adj close", "adjclose", "price", "volume")
+"""Column names of one stock's price history, never tickers of the wide layout."""
 _OPTION_HELP = "csv, tickers, split, cost, hmax, cash, episode, window"
 
 StepResult = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, dict]
@@ -189,9 +191,12 @@ def read_prices(path: str | Path, tickers: Sequence[str] | None = None) -> Marke
         raise EnvError(f"price file {str(path)!r} does not exist; give csv= the path of an existing CSV file "
                        "(an absolute path works from any directory)")
     opener = gzip.open if path.name.endswith(".gz") else open
-    with opener(path, "rt", newline="") as f:
-        rows = list(csv.reader(f))
     name = str(path)
+    try:  # utf-8-sig: a spreadsheet's "CSV UTF-8" export starts with a byte-order mark
+        with opener(path, "rt", newline="", encoding="utf-8-sig") as f:
+            rows = list(csv.reader(f))
+    except UnicodeDecodeError as exc:
+        raise EnvError(f"{name} is not UTF-8 text ({exc.reason} at byte {exc.start}); save it as UTF-8 CSV") from None
     if not rows:
         raise EnvError(f"{name} is empty; it needs a header line such as date,ticker,close")
     header = [c.strip() for c in rows[0]]
@@ -232,6 +237,11 @@ def read_prices(path: str | Path, tickers: Sequence[str] | None = None) -> Marke
             raise EnvError(f"{name} has a date column but no price columns; add one column of closes per ticker "
                            "(date,AAPL,MSFT) or use the long layout date,ticker,close")
         file_tickers = [h for _, h in columns]
+        fields = [h for h in file_tickers if h.lower().replace("_", " ") in _PRICE_FIELDS]
+        if fields:
+            raise EnvError(f"{name} has columns {', '.join(fields)} but no ticker column, like one stock's price "
+                           "history; use the long layout date,ticker,close (a ticker, tic or symbol column) or the "
+                           "wide layout date,TICKER1,TICKER2,... with one column of closes per ticker")
         if len(set(file_tickers)) != len(file_tickers) or not all(file_tickers):
             raise EnvError(f"{name} has empty or repeated column names ({','.join(header)}); name each price column "
                            "by its ticker, once")
@@ -459,6 +469,8 @@ class StockTradingEnv(VecEnv):
                 raise EnvError(f"episode={self.max_steps} is longer than the {train_steps} training steps before "
                                f"the split {split}; use episode={train_steps} or less, or a later split")
             self._start_low, self._start_high = first, split_index - 1 - self.max_steps
+        # the env's own dates: an episode never reaches beyond them (nor a training one into the backtest's)
+        self._day_range = (split_index, total - 1) if self.backtest else (0, split_index - 1)
         self.periods_per_year = market.periods_per_year
 
         # market tensors: prices (T, n) float64 and the observed per-stock features (T, 3, n)
@@ -529,10 +541,15 @@ class StockTradingEnv(VecEnv):
     def set_state(self, day: torch.Tensor | Sequence[int], cash: torch.Tensor | Sequence[float],
                   holdings: torch.Tensor | Sequence[Sequence[float]] | None = None) -> torch.Tensor:
         """Start a new episode in every replica on day index ``day`` with ``cash`` and ``holdings`` (default none);
-        returns the observation. Any day that has a next day is allowed; the step counters restart at 0."""
+        returns the observation. Any day of the env's dates (the training ones, or with ``backtest=True`` those from
+        the split on) that has a next one is allowed; the step counters restart at 0, and an episode is truncated
+        at ``max_steps`` or on the last of those dates, whichever comes first."""
         day = torch.as_tensor(day, dtype=torch.int64, device=self.device).expand(self.num_envs).clone()
-        if bool(((day < 0) | (day >= len(self.dates) - 1)).any()):
-            raise EnvError(f"day must index a date that has a next one (0 to {len(self.dates) - 2}), got {day}")
+        low, high = self._day_range
+        if bool(((day < low) | (day >= high)).any()):
+            dates = "backtest" if self.backtest else "training"
+            raise EnvError(f"day must index one of this env's {dates} dates that has a next one ({low} to "
+                           f"{high - 1}), got {day.tolist()}")
         self.day = day
         self.cash = torch.as_tensor(cash, dtype=torch.float64, device=self.device).expand(self.num_envs).clone()
         if holdings is None:
@@ -583,7 +600,7 @@ class StockTradingEnv(VecEnv):
         value = self.portfolio_value
         reward = ((value - value_before) / self.initial_value).to(torch.float32)
         steps = self.elapsed_steps.add_(1)
-        truncated = steps >= self.max_steps
+        truncated = (steps >= self.max_steps) | (self.day >= self._day_range[1])  # the latter only after set_state
         terminated = torch.zeros_like(truncated)
         final_obs = self._observe()
         new_day, new_cash = self._sample_starts()

@@ -49,6 +49,17 @@ class VecEnv:
     def close(self) -> None:
         """Release processes or files held by the env (nothing for torch-native envs)."""
 
+    _fresh = False
+    """Torch envs: true until the first reset or step, while ``reset()`` without a seed keeps the constructor's draw."""
+
+    def set_rng_state(self, state: torch.Tensor) -> None:
+        """Continue a checkpoint's random stream (``generator.get_state()``): the next ``reset()`` without a seed
+        draws from it. Envs without a ``generator`` (Gymnasium ones are reseeded instead) ignore it."""
+        generator = getattr(self, "generator", None)
+        if generator is not None:
+            generator.set_state(state.to(generator.get_state().device))
+            self._fresh = False
+
 
 def check_finite(name: str, array: np.ndarray) -> None:
     """One-sentence EnvError when an env returned NaN or infinity (uint8 images cannot hold either)."""

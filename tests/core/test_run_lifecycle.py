@@ -23,6 +23,7 @@ from jaderl.core.config import ConfigError
 from jaderl.core.evaluator import BEST_POLICY, Evaluator
 from jaderl.core.loop import TrainingError, new_counters, prepare_run_dir, save_state
 from jaderl.envs import make_env
+from jaderl.envs.classic import PendulumEnv
 from jaderl.envs.vec import EnvError
 
 ENV = "jaderl/CartPole-v1"
@@ -218,6 +219,28 @@ def test_a_resumed_gymnasium_run_is_reproducible(tmp_path: Path) -> None:
     a, b = load_checkpoint(tmp_path / "a"), load_checkpoint(tmp_path / "b")
     assert torch.equal(a["buffer"][0]["obs"], b["buffer"][0]["obs"])
     assert all(torch.equal(v, b["agent"]["q_net"][k]) for k, v in a["agent"]["q_net"].items())
+
+
+def test_a_resumed_torch_env_run_continues_its_random_stream(tmp_path: Path, tiny_ppo: Settings,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """The env is rebuilt from the run's seed, then given the checkpoint's generator: the resumed run's first
+    episodes do not start where the first run's did."""
+    jaderl.train("ppo", "jaderl/Pendulum-v1", run_dir=str(tmp_path / "run"), **tiny_ppo())
+    config = make_config("ppo", "jaderl/Pendulum-v1", **tiny_ppo())
+    starts: list[torch.Tensor] = []
+    reset = PendulumEnv.reset
+
+    def recording_reset(self: PendulumEnv, seed: int | None = None) -> torch.Tensor:
+        obs = reset(self, seed)
+        if self.num_envs == config.num_envs:  # the training env's (the evaluator's has eval_episodes sub-envs)
+            starts.append(obs)
+        return obs
+
+    monkeypatch.setattr(PendulumEnv, "reset", recording_reset)
+    jaderl.resume(tmp_path / "run", total_steps=768)
+    monkeypatch.undo()
+    first_run = PendulumEnv(config.num_envs, seed=config.seed).reset()
+    assert len(starts) == 1 and not torch.equal(starts[0], first_run)
 
 
 def test_tensorboard_hides_what_a_resume_redoes(run_dir: Path) -> None:

@@ -194,6 +194,19 @@ def test_cartpole_auto_resets_terminated_sub_envs(sync_free: bool) -> None:
     assert torch.equal(env.elapsed_steps, (~falling).long())
 
 
+@pytest.mark.parametrize("cls", [PendulumEnv, CartPoleEnv])
+def test_a_restored_random_stream_is_what_the_next_reset_draws_from(cls: type[PendulumEnv | CartPoleEnv]) -> None:
+    """A checkpoint's generator state replaces the constructor's draw, so a resumed run does not repeat its first
+    episodes' starts."""
+    source = cls(4, seed=1)
+    first = source.reset()
+    source.reset()  # the stream moves on
+    state, expected = source.generator.get_state(), source.reset()
+    env = cls(4, seed=1)
+    env.set_rng_state(state)
+    assert torch.equal(env.reset(), expected) and not torch.equal(expected, first)
+
+
 def test_skipping_idle_resets_changes_nothing_before_the_first_reset() -> None:
     """On the CPU a step with no finished sub-env skips the reset work (``sync_free=False``); both modes agree until
     a sub-env resets, and ``obs`` never shares memory with ``info["final_obs"]``."""

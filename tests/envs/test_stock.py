@@ -99,15 +99,15 @@ def test_accounting_matches_a_hand_computed_reference(tmp_path: Path) -> None:
 def test_costs_are_charged_on_both_sides(tmp_path: Path) -> None:
     """Buying and selling back at an unchanged price loses exactly the cost on both trades."""
     env = StockTradingEnv(1, env_id=_tiny_id(tmp_path, cost=0.002, episode=3), dtype=torch.float64)
-    env.set_state([2], [1000.0])  # A: 12 -> 13 -> 14, compare with a zero-cost env on the same path
+    env.set_state([1], [1000.0])  # A: 11 -> 12 -> 13, compare with a zero-cost env on the same path
     free = StockTradingEnv(1, env_id=_tiny_id(tmp_path, cost=0, episode=3), dtype=torch.float64)
-    free.set_state([2], [1000.0])
+    free.set_state([1], [1000.0])
     for act in ([[1.0, 0.0]], [[-1.0, 0.0]]):
         env.step(torch.tensor(act))
         free.step(torch.tensor(act))
-    fees = 10 * 12 * 0.002 + 10 * 13 * 0.002
+    fees = 10 * 11 * 0.002 + 10 * 12 * 0.002
     assert free.cash.item() - env.cash.item() == pytest.approx(fees)
-    assert free.cash.item() == pytest.approx(1000 + 10 * (13 - 12))
+    assert free.cash.item() == pytest.approx(1000 + 10 * (12 - 11))
 
 
 def test_batched_replicas_agree_with_each_replica_alone(tmp_path: Path) -> None:
@@ -167,6 +167,11 @@ def test_seeding_and_bad_actions(tmp_path: Path) -> None:
     assert torch.equal(a.day, b.day) and torch.equal(a.cash, b.cash)
     with pytest.raises(EnvError, match="expected actions of shape"):
         a.step(torch.zeros(8, 2))
+    state, expected = a.generator.get_state(), a.reset()  # a checkpoint's stream, not the constructor's draw
+    c = StockTradingEnv(8, env_id=env_id, seed=3)
+    c.set_rng_state(state)
+    torch.testing.assert_close(c.reset(), expected)
+    assert not torch.equal(c.day, b.day)
 
 
 # ------------------------------------------------------------------------------------------- CSV and options
@@ -195,12 +200,45 @@ def test_long_and_wide_csv_layouts(tmp_path: Path) -> None:
     ("date,ticker,close\n2020-01-02,X,abc\n", "is 'abc'; every price must be a positive number"),
     ("date,ticker,close\n2020-01-02,X,1\n2020-01-02,X,2\n", "line 3 repeats X on 2020-01-02"),
     ("date,ticker,close\n2020-01-02,X,1\n2020-01-03,X,2\n", "has 2 dates on which all of X have a price"),
+    ("Date,Open,High,Low,Close,Adj Close,Volume\n2020-01-02,1,2,1,2,2,100\n",
+     "has columns Open, High, Low, Close, Adj Close, Volume but no ticker column, like one stock's price history"),
+    ("date,symbl,close\n2020-01-02,X,1\n", "has columns close but no ticker column"),
 ])
 def test_csv_errors_name_the_problem_and_the_fix(tmp_path: Path, content: str, message: str) -> None:
     path = tmp_path / "bad.csv"
     path.write_text(content)
     with pytest.raises(EnvError, match=message):
         read_prices(path)
+
+
+def test_csv_encodings(tmp_path: Path) -> None:
+    """A spreadsheet's "CSV UTF-8" export starts with a byte-order mark; text in another encoding is one sentence."""
+    bom = tmp_path / "bom.csv"
+    bom.write_bytes(b"\xef\xbb\xbfdate,ticker,close\n2020-01-02,X,1\n2020-01-03,X,2\n2020-01-06,X,3\n")
+    assert read_prices(bom).tickers == ("X",)
+    latin = tmp_path / "latin.csv"
+    latin.write_bytes(b"date,ticker,close\n2020-01-02,Soci\xe9t\xe9,1\n")
+    with pytest.raises(EnvError, match=r"latin.csv is not UTF-8 text \(.*\); save it as UTF-8 CSV$"):
+        read_prices(latin)
+
+
+def test_episodes_stay_within_the_envs_own_dates(tmp_path: Path) -> None:
+    """set_state may start anywhere in the env's dates; the episode then ends on their last day, before the data
+    ends (backtest) or before the split (training): no index error, no backtest price in training."""
+    env = StockTradingEnv(1, env_id=_tiny_id(tmp_path, episode=3), dtype=torch.float64)  # training days 0-4
+    env.set_state([3], [1000.0])
+    _, _, _, truncated, info = env.step(torch.zeros(1, 2))
+    assert truncated.item()  # after one step of the 3: on day 4, the last before the split
+    assert info["final_obs"][0, 1:3].tolist() == pytest.approx([14 / 10, 50 / 50])  # day 4's prices
+    test = StockTradingEnv(1, env_id=_tiny_id(tmp_path), backtest=True, dtype=torch.float64)  # days 5-9
+    test.set_state([8], [1000.0])
+    _, _, _, truncated, _ = test.step(torch.zeros(1, 2))
+    assert truncated.item() and test.day.item() == 5  # reached day 9, then restarted where the backtest starts
+    for bad, which, days in ((env, [4], "training dates that has a next one \\(0 to 3\\)"),
+                             (env, [6], "training"), (test, [4], "backtest dates that has a next one \\(5 to 8\\)"),
+                             (test, [9], "backtest")):
+        with pytest.raises(EnvError, match=f"^day must index one of this env's {days}"):
+            bad.set_state(which, [1000.0])
 
 
 def test_env_id_options_and_their_errors(tmp_path: Path) -> None:
