@@ -8,16 +8,19 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from jaderl.algos import ALGOS
 from jaderl.core.agent import Agent
 from jaderl.core.checkpoint import CHECKPOINT_JSON, load_checkpoint
 from jaderl.core.config import Config, ConfigError
 from jaderl.core.evaluator import BEST_POLICY, run_episodes
-from jaderl.core.loop import TrainResult, resolve_device
+from jaderl.core.loop import TrainingError, TrainResult, resolve_device
 from jaderl.core.loop import train as train_loop
 from jaderl.envs import make_env
 from jaderl.envs.stock import with_absolute_csv
@@ -44,15 +47,35 @@ def train(algo: str, env: str, progress: Progress | None = None, **settings: Any
 def _run(config: Config, resume: bool, progress: Progress | None) -> TrainResult:
     """Pick the trainer: explorer/learner/evaluator processes, data-parallel learners, or one process."""
     agent_cls = ALGOS[config.algo].agent_cls
-    if config.workers > 0:
-        from jaderl.parallel.pipeline import train_pipeline
+    try:
+        if config.workers > 0:
+            from jaderl.parallel.pipeline import train_pipeline
 
-        return train_pipeline(config, agent_cls, resume=resume, progress=progress)
-    if config.learners > 1:
-        from jaderl.parallel.ddp import train_ddp
+            return train_pipeline(config, agent_cls, resume=resume, progress=progress)
+        if config.learners > 1:
+            from jaderl.parallel.ddp import train_ddp
 
-        return train_ddp(config, agent_cls, resume=resume, progress=progress)
-    return train_loop(config, agent_cls, resume=resume, progress=progress)
+            return train_ddp(config, agent_cls, resume=resume, progress=progress)
+        return train_loop(config, agent_cls, resume=resume, progress=progress)
+    except RuntimeError as exc:
+        if isinstance(exc, TrainingError) or not _out_of_memory(exc):
+            raise
+        raise TrainingError(_memory_advice(config, exc)) from exc
+
+
+def _out_of_memory(exc: RuntimeError) -> bool:
+    """Whether ``exc`` is an allocation failure: torch's CPU allocator raises a plain RuntimeError, CUDA its own."""
+    return isinstance(exc, torch.OutOfMemoryError) or "can't allocate memory" in str(exc)
+
+
+def _memory_advice(config: Config, exc: RuntimeError) -> str:
+    """One sentence for an allocation failure: how much, where, and the settings that size the big tensors."""
+    size = re.search(r"allocate (\d+) bytes|Tried to allocate ([\d.]+ \w+)", str(exc))
+    amount = "" if size is None else f"{int(size[1]) / 1e9:.1f} GB " if size[1] else f"{size[2]} "
+    settings = ("buffer_size (the replay buffer keeps every transition's observation and the next one)"
+                if hasattr(config, "buffer_size") else "num_envs or horizon (the rollout), or minibatch_size")
+    device = resolve_device(config.device)
+    return f"out of memory: {amount}could not be allocated on {device}; start a new run with a lower {settings}"
 
 
 RESUME_SETTINGS = ("total_steps", "time_limit", "target_return", "eval_every", "eval_episodes", "checkpoint_every",

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from jaderl.algos import ALGOS
 from jaderl.cli import main
@@ -301,3 +302,22 @@ def test_a_ctrl_c_outside_the_loop_is_one_line_and_exit_130(monkeypatch: pytest.
     monkeypatch.setattr("jaderl.api.train", interrupted)
     code, _, err = _run(["train", "ppo", ENV], capsys)
     assert code == 130 and err.splitlines() == ["jaderl: interrupted; the last complete checkpoint is kept"]
+
+
+@pytest.mark.parametrize(("algo", "error", "advice"), [
+    ("dqn", "[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: you tried to "
+     "allocate 28224000000 bytes. Error code 12 (Cannot allocate memory)",
+     "28.2 GB could not be allocated on cpu; start a new run with a lower buffer_size (the replay buffer keeps"),
+    ("ppo", "CUDA out of memory. Tried to allocate 20.00 GiB. GPU 0 has a total capacity of 79.19 GiB",
+     "20.00 GiB could not be allocated on cpu; start a new run with a lower num_envs or horizon"),
+])
+def test_running_out_of_memory_is_one_line_and_exit_1(algo: str, error: str, advice: str,
+                                                      monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """An allocation failure (an Atari replay buffer of a million transitions takes 56 GB) names the setting."""
+    def allocation_fails(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError(error) if algo == "dqn" else torch.OutOfMemoryError(error)
+
+    monkeypatch.setattr("jaderl.api.train_loop", allocation_fails)
+    code, _, err = _run(["train", algo, ENV, "--device", "cpu", "--run-dir", str(tmp_path / "run")], capsys)
+    assert code == 1 and len(err.splitlines()) == 1 and err.startswith(f"jaderl: error: out of memory: {advice}")
