@@ -111,7 +111,8 @@ class Market:
 
     @property
     def periods_per_year(self) -> int:
-        """252 for daily data, 52 weekly, 12 monthly, 4 quarterly, else 1: read from the median gap between dates."""
+        """252 for daily data (365 when a quarter of the dates or more fall on weekends: markets that trade every
+        day, such as crypto), 52 weekly, 12 monthly, 4 quarterly, else 1: read from the median gap between dates."""
         return periods_per_year(self.dates)
 
     def split_index(self, split: dt.date) -> int:
@@ -120,10 +121,13 @@ class Market:
 
 
 def periods_per_year(dates: Sequence[dt.date]) -> int:
-    """Trading periods per year of a date series, from the median number of calendar days between its dates."""
+    """Trading periods per year of a date series, from the median number of calendar days between its dates (see
+    :attr:`Market.periods_per_year`)."""
     if len(dates) < 2:
         return 252
     gap = float(np.median(np.diff([d.toordinal() for d in dates])))
+    if gap <= 5 and sum(d.weekday() >= 5 for d in dates) >= 0.25 * len(dates):  # 2 of 7 days: every day trades
+        return 365
     for limit, periods in ((5, 252), (10, 52), (45, 12), (120, 4)):
         if gap <= limit:
             return periods
@@ -687,7 +691,8 @@ class BacktestReport:
 
     def format(self) -> str:
         """A short table for a terminal."""
-        kind = {252: "daily", 52: "weekly", 12: "monthly", 4: "quarterly"}.get(self.periods_per_year, "yearly")
+        kinds = {365: "daily", 252: "daily", 52: "weekly", 12: "monthly", 4: "quarterly"}
+        kind = kinds.get(self.periods_per_year, "yearly")
         lines = [f"backtest of {self.env_id}",
                  f"{', '.join(self.tickers)} from {self.dates[0]} to {self.dates[-1]}: {len(self.dates) - 1} {kind} "
                  f"periods ({self.periods_per_year} a year)",

@@ -300,6 +300,7 @@ def test_metrics_against_reference_formulas() -> None:
         portfolio_metrics([1.0], 12)
     start = dt.date(2020, 1, 1)
     assert periods_per_year([start + dt.timedelta(days=d) for d in (0, 1, 2, 5, 6)]) == 252
+    assert periods_per_year([start + dt.timedelta(days=d) for d in range(30)]) == 365  # weekends too: crypto
     assert periods_per_year([start + dt.timedelta(weeks=w) for w in range(5)]) == 52
     assert periods_per_year([dt.date(2020, m, 1) for m in range(1, 7)]) == 12
 
