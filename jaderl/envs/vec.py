@@ -8,6 +8,9 @@ or ``(N, action_dim)`` floats in ``[-1, 1]`` (continuous) and returns torch tens
 Finished sub-envs reset themselves within the same step; ``info["final_obs"]`` is ``(N, *obs_shape)`` and holds
 the observation every sub-env reached with this step, *before* any auto-reset (equal to ``obs`` where nothing
 finished), so a truncated episode can be bootstrapped from its real last state.
+
+An env with a random stream of its own keeps it in ``generator`` (a ``torch.Generator``): checkpoints save its state
+and :meth:`VecEnv.set_rng_state` restores it.
 """
 
 from __future__ import annotations
