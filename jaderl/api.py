@@ -29,14 +29,16 @@ Progress = Callable[[dict[str, Any]], None]
 
 
 def make_config(algo: str, env: str, **settings: Any) -> Config:
-    """The validated config of ``algo`` on ``env``: class defaults, then the algorithm's preset, then ``settings``
-    (a stock-trading id's relative ``csv=`` path is made absolute)."""
+    """The validated config of ``algo`` on ``env``: class defaults, then the algorithm's preset, then
+    ``clip_rewards=True`` for an Atari id (``ALE/...``), then ``settings`` (a stock-trading id's relative ``csv=`` path
+    is made absolute)."""
     if algo not in ALGOS:
         raise ConfigError(f"unknown algorithm {algo!r}; choose one of: {', '.join(ALGOS)}")
     spec = ALGOS[algo]
     settings = {k: v for k, v in settings.items() if k not in ("algo", "env")}
     env = with_absolute_csv(env)  # a run must find its price file again when resumed from another directory
-    return spec.agent_cls.config_cls.from_dict({**spec.preset, **settings, "algo": algo, "env": env})
+    atari = {"clip_rewards": True} if env.startswith("ALE/") else {}  # the standard for Atari, unless set
+    return spec.agent_cls.config_cls.from_dict({**spec.preset, **atari, **settings, "algo": algo, "env": env})
 
 
 def train(algo: str, env: str, progress: Progress | None = None, **settings: Any) -> TrainResult:

@@ -9,8 +9,8 @@ where R sums the discounted rewards of up to k = ``n_step`` steps (Sutton 1988; 
 Huber loss, importance-weighted when ``use_per`` (prioritized replay, Schaul et al. 2016). ``dueling=True`` splits Q
 into V(s) + A(s, a) - mean_a A(s, a) (Wang et al. 2016); ``noisy=True`` explores with factorised Gaussian noisy
 layers instead of epsilon (Fortunato et al. 2018). The target network is copied every ``target_update_every``
-gradient steps (``tau=1``) or Polyak-averaged (``tau<1``); ``max_grad_norm`` clips gradients, and ``reward_scale``
-rescales rewards instead of clipping them.
+gradient steps (``tau=1``) or Polyak-averaged (``tau<1``); ``max_grad_norm`` clips gradients; ``reward_scale``
+rescales rewards and ``clip_rewards`` clips them to their sign (Mnih et al.; the default on Atari ids).
 """
 
 from __future__ import annotations

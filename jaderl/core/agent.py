@@ -78,7 +78,8 @@ class Agent:
         """Step ``env`` for ``horizon`` steps; returns obs, action, reward, terminated, truncated, next_obs (T, N, ...).
 
         ``next_obs`` is the observation reached before any auto-reset, so truncated steps can be bootstrapped.
-        Rewards are multiplied by ``config.reward_scale``; episode statistics use the raw rewards.
+        Rewards are clipped to their sign (``config.clip_rewards``), then multiplied by ``config.reward_scale``;
+        episode statistics use the raw rewards.
         """
         if self.last_obs is None:  # a resumed run keeps its checkpointed env RNG, or reseeds an env without one
             seeded = self.steps == 0 or getattr(env, "generator", None) is None
@@ -94,7 +95,8 @@ class Agent:
         self.steps += horizon * self.num_envs
         if not self.on_policy:  # on-policy agents update it after learning, so old log-probs stay exact
             self.obs_norm.update(obs)
-        return {"obs": obs, "action": action, "reward": reward * self.config.reward_scale,
+        reward = (reward.sign() if self.config.clip_rewards else reward) * self.config.reward_scale
+        return {"obs": obs, "action": action, "reward": reward,
                 "terminated": terminated, "truncated": truncated, "next_obs": next_obs}
 
     def update(self, buffer: Any) -> dict[str, torch.Tensor]:

@@ -4,7 +4,9 @@ Each sub-env is ``gym.make(env_id, frameskip=1)`` wrapped in Gymnasium's ``Atari
 actions at reset, the action repeated for 4 frames with the last two max-pooled, 84x84 grayscale) and
 ``FrameStackObservation(4)``, so observations are uint8 (4, 84, 84), as in Mnih et al. 2015
 (https://doi.org/10.1038/nature14236). Sticky actions (``repeat_action_probability=0.25``) stay as the v5 ids
-define them (Machado et al. 2018). Install with ``pip install jaderl[atari]``.
+define them (Machado et al. 2018). Rewards are the game's; training on ``ALE/`` ids clips them to their sign by
+default (``clip_rewards``, applied where the agent learns, so logged returns are the game's scores). Install with
+``pip install jaderl[atari]``.
 """
 
 from __future__ import annotations
@@ -34,13 +36,12 @@ def make_atari_env(
     num_envs: int,
     device: torch.device | str = "cpu",
     asynchronous: bool = False,
-    terminal_on_life_loss: bool = False,
     max_episode_steps: int | None = None,
 ) -> GymnasiumVecEnv:
     """``num_envs`` preprocessed copies of the Atari game ``env_id`` (``ALE/Pong-v5`` ...), vectorised in this process
     (or in one process per sub-env with ``asynchronous=True``).
 
-    ``terminal_on_life_loss`` ends an episode at every lost life; ``max_episode_steps`` truncates episodes after
+    An episode is a whole game (a lost life does not end it). ``max_episode_steps`` truncates episodes after
     that many agent steps (frame-skipped), which the v5 ids leave unbounded apart from ALE's 108,000-frame limit.
     Episodes are seeded by ``reset(seed=...)``, like every Gymnasium env jaderl adapts.
     """
@@ -53,7 +54,7 @@ def make_atari_env(
     def factory() -> gym.Env:
         env = gym.make(env_id, frameskip=1)  # AtariPreprocessing skips frames itself (and max-pools the last two)
         env = gym.wrappers.AtariPreprocessing(env, noop_max=30, frame_skip=4, screen_size=84,
-                                              terminal_on_life_loss=terminal_on_life_loss, grayscale_obs=True)
+                                              terminal_on_life_loss=False, grayscale_obs=True)
         if max_episode_steps is not None:  # outside the frame skip, so that it counts agent steps
             env = gym.wrappers.TimeLimit(env, max_episode_steps)
         return gym.wrappers.FrameStackObservation(env, FRAME_STACK)

@@ -29,3 +29,27 @@ def test_normalised_matrix_observations(algo: str) -> None:
     assert agent.features(data).shape == (50, 4, 6)
     action = agent.act(obs, deterministic=True)
     assert action.shape == ((4,) if discrete else (4, 2))
+
+
+def test_clipped_rewards_are_learned_from_and_raw_returns_logged() -> None:
+    """``clip_rewards`` (the default for Atari ids) stores sign(reward) x reward_scale; the episode statistics keep
+    the game's own rewards."""
+    from jaderl.envs import make_env
+
+    assert make_config("dqn", "ALE/Pong-v5").clip_rewards  # no env is built: ale-py is not needed here
+    assert not make_config("dqn", "ALE/Pong-v5", clip_rewards=False).clip_rewards
+    assert not make_config("dqn", "CartPole-v1").clip_rewards
+    logged: dict[bool, float] = {}
+    for clip in (False, True):
+        env = make_env("jaderl/Pendulum-v1", 2, "cpu", seed=0)  # rewards in [-16.3, 0], episodes of 200 steps
+        config = make_config("ppo", "jaderl/Pendulum-v1", num_envs=2, horizon=200, minibatch_size=4, hidden=[8],
+                             clip_rewards=clip, reward_scale=0.5, device="cpu", seed=0)
+        torch.manual_seed(0)
+        agent = ALGOS["ppo"].agent_cls(config, env, torch.device("cpu"))
+        reward = agent.explore(env, 200)["reward"]
+        logged[clip] = agent.episode_stats()["train/episode_return"]
+        if clip:
+            assert set(reward.unique().tolist()) <= {-0.5, 0.0} and (reward == -0.5).any()
+        else:
+            assert reward.min() < -1.0
+    assert logged[True] == pytest.approx(logged[False]) and logged[True] < -200  # the same episodes, unclipped
