@@ -82,6 +82,10 @@ class GymnasiumSpaces(VecEnv):
         if not isinstance(obs_space, gym.spaces.Box):
             raise EnvError(f"observation space {obs_space} is not supported: jaderl needs a Box observation space")
         self.obs_shape = tuple(obs_space.shape)
+        if obs_space.dtype == np.uint8 and len(self.obs_shape) > 3:  # e.g. RGB frames stacked as (4, 84, 84, 3)
+            raise EnvError(f"observations of shape {self.obs_shape} are uint8 images with {len(self.obs_shape)} "
+                           "dimensions, but jaderl's CNN reads one image, (C, H, W) or (H, W, C); stack the frames on "
+                           "the channel axis (grayscale frames, or reshape to (frames * channels, H, W))")
         self._obs_dtype = torch.uint8 if obs_space.dtype == np.uint8 else torch.float32
         if isinstance(act_space, gym.spaces.Discrete):
             self.is_discrete, self.action_dim = True, int(act_space.n)

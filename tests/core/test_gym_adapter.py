@@ -204,8 +204,16 @@ def test_unsupported_spaces() -> None:
             super().__init__()
             self.action_space = gym.spaces.Box(-np.inf, np.inf, (1,))
 
+    class StackedRGB(CounterEnv):  # what FrameStackObservation makes of RGB frames
+        def __init__(self) -> None:
+            super().__init__()
+            self.observation_space = gym.spaces.Box(0, 255, (4, 84, 84, 3), np.uint8)
+
     with pytest.raises(EnvError, match="observation space"):
         GymnasiumVecEnv(DictObs())
+    with pytest.raises(EnvError, match=r"^observations of shape \(4, 84, 84, 3\) are uint8 images with 4 dimensions, "
+                       r"but jaderl's CNN reads one image, \(C, H, W\) or \(H, W, C\); stack the frames on the"):
+        GymnasiumVecEnv(StackedRGB())
     with pytest.raises(EnvError, match="unbounded"):
         GymnasiumVecEnv(Unbounded())
     with pytest.raises(EnvError, match="cannot adapt"):
