@@ -22,8 +22,10 @@ CHECKPOINT_JSON = "checkpoint.json"
 
 def flatten(obj: Any, tensors: dict[str, torch.Tensor], prefix: str = "") -> Any:
     """Move every tensor of ``obj`` into ``tensors`` (keyed by its path) and return a JSON-able skeleton."""
-    if isinstance(obj, torch.Tensor):
-        tensors[prefix] = obj.detach().to("cpu", copy=True).contiguous()
+    if isinstance(obj, torch.Tensor):  # written from its own memory: a replay buffer is not held twice while saving
+        tensor = obj.detach().to("cpu").contiguous()
+        shared = any(t.untyped_storage().data_ptr() == tensor.untyped_storage().data_ptr() for t in tensors.values())
+        tensors[prefix] = tensor.clone() if shared else tensor  # safetensors refuses tensors that share memory
         return {"__tensor__": prefix}
     if isinstance(obj, dict):
         if all(isinstance(k, str) for k in obj):
@@ -68,7 +70,7 @@ def _atomic_write(path: Path, write: Any) -> None:
 
 def save_tensors(path: str | Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> None:
     """Atomically write a flat dict of tensors (and string ``metadata``) as safetensors."""
-    flat = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in tensors.items()}
+    flat = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in tensors.items()}  # small; may share memory
     _atomic_write(Path(path), lambda p: save_file(flat, str(p), metadata=metadata))
 
 

@@ -27,8 +27,7 @@ BEST_POLICY = "best_policy.safetensors"
 def run_episodes(agent: Agent, env: VecEnv, seed: int, max_steps: int = 100_000) -> tuple[torch.Tensor, torch.Tensor]:
     """Run one deterministic episode in every sub-env of ``env``; returns (returns, lengths) of shape (N,)."""
     obs = env.reset(seed=seed)
-    returns = torch.zeros(env.num_envs, device=obs.device)
-    lengths = torch.zeros(env.num_envs, device=obs.device)
+    returns, lengths = torch.zeros(2, env.num_envs, device=obs.device)  # two views of one allocation
     running = torch.ones(env.num_envs, dtype=torch.bool, device=obs.device)
     limit = env.max_steps or max_steps
     for t in range(limit):

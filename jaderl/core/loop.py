@@ -233,8 +233,7 @@ def budget_reason(config: Config, steps: int, time_s: float, run_dir: Path) -> s
 
 def checked_floats(stats: dict[str, torch.Tensor], step: int) -> dict[str, float]:
     values = {k: float(v) for k, v in stats.items()}
-    bad = [k for k, v in values.items() if not math.isfinite(v)]
-    if bad:
+    if bad := [k for k, v in values.items() if not math.isfinite(v)]:
         raise TrainingError(f"{bad[0]} became {values[bad[0]]} by step {step}; lower the learning rate or check the "
                             "env's rewards (the last checkpoint is kept)")
     return values

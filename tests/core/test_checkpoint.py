@@ -58,13 +58,22 @@ def test_flatten_round_trip() -> None:
     _assert_same(state, unflatten(json.loads(text), tensors))
 
 
-def test_flatten_copies_tensors() -> None:
+def test_flatten_does_not_copy_cpu_tensors() -> None:
+    """A checkpoint is written from the tensors' own memory: saving a replay buffer does not hold it twice."""
     weight = torch.zeros(2, requires_grad=True)
+    data = torch.arange(12.0).view(4, 3)
     tensors: dict[str, torch.Tensor] = {}
-    flatten({"w": weight}, tensors)
-    with torch.no_grad():
-        weight += 1
-    assert torch.equal(tensors["/w"], torch.zeros(2)) and not tensors["/w"].requires_grad
+    flatten({"w": weight, "buffer": data[:2]}, tensors)
+    assert tensors["/buffer"].data_ptr() == data.data_ptr() and tensors["/w"].data_ptr() == weight.data_ptr()
+    assert not tensors["/w"].requires_grad
+
+
+def test_tensors_that_share_memory_are_saved(tmp_path: Path) -> None:
+    data = torch.arange(12.0).view(4, 3)
+    state = {"a": data, "again": data, "rows": data[1:3], "column": data[:, 1]}
+    save_checkpoint(tmp_path, state, step=1)
+    loaded = load_checkpoint(tmp_path)
+    assert all(torch.equal(loaded[k], v) for k, v in state.items())
 
 
 def test_flatten_rejects_other_objects() -> None:
