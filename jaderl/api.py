@@ -23,6 +23,7 @@ from jaderl.core.evaluator import BEST_POLICY, run_episodes
 from jaderl.core.loop import TrainingError, TrainResult, resolve_device
 from jaderl.core.loop import train as train_loop
 from jaderl.envs import make_env
+from jaderl.envs.atari import is_atari_id
 from jaderl.envs.stock import with_absolute_csv
 
 Progress = Callable[[dict[str, Any]], None]
@@ -30,14 +31,14 @@ Progress = Callable[[dict[str, Any]], None]
 
 def make_config(algo: str, env: str, **settings: Any) -> Config:
     """The validated config of ``algo`` on ``env``: class defaults, then the algorithm's preset, then
-    ``clip_rewards=True`` for an Atari id (``ALE/...``), then ``settings`` (a stock-trading id's relative ``csv=`` path
-    is made absolute)."""
+    ``clip_rewards=True`` for an Atari id (``ALE/...``, ``PongNoFrameskip-v4``), then ``settings`` (a stock-trading
+    id's relative ``csv=`` path is made absolute)."""
     if algo not in ALGOS:
         raise ConfigError(f"unknown algorithm {algo!r}; choose one of: {', '.join(ALGOS)}")
     spec = ALGOS[algo]
     settings = {k: v for k, v in settings.items() if k not in ("algo", "env")}
     env = with_absolute_csv(env)  # a run must find its price file again when resumed from another directory
-    atari = {"clip_rewards": True} if env.startswith("ALE/") else {}  # the standard for Atari, unless set
+    atari = {"clip_rewards": True} if is_atari_id(env) else {}  # the standard for Atari, unless set
     return spec.agent_cls.config_cls.from_dict({**spec.preset, **atari, **settings, "algo": algo, "env": env})
 
 

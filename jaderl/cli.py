@@ -132,7 +132,8 @@ def main(argv: list[str] | None = None) -> int:
             for name, cls in TORCH_ENVS.items():
                 print(f"{name:<32} torch-native, batched on CPU or GPU ({(cls.__doc__ or '').splitlines()[0]})")
             print(f"{'any Gymnasium id':<32} e.g. CartPole-v1, Pendulum-v1, HalfCheetah-v5 (stepped in this process)")
-            print(f"{'ALE/<Game>-v5':<32} Atari through ale-py, standard preprocessing (pip install jaderl[atari])")
+            print(f"{'ALE/<Game>-v5':<32} Atari through ale-py, standard preprocessing (pip install jaderl[atari]);"
+                  " also <Game>NoFrameskip-v4 and <Game>-v4")
     except (ConfigError, EnvError, FileNotFoundError) as exc:
         _fail(str(exc))
     except TrainingError as exc:

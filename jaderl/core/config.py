@@ -57,7 +57,7 @@ class Config:
     normalize_obs: bool = param(False, "normalise observations by running mean and variance")
     reward_scale: float = param(1.0, "multiply rewards by this before learning (returns are logged unscaled)",
                                 low=0.0, open_low=True)
-    clip_rewards: bool = param(False, "learn from sign(reward) (default for ALE/ ids); returns are logged unclipped")
+    clip_rewards: bool = param(False, "learn from sign(reward) (default for Atari ids); returns are logged unclipped")
     max_grad_norm: float = param(0.0, "clip gradient norm to this (0 disables)", low=0.0)
     eval_every: int = param(10_000, "evaluate every this many env steps", low=1)
     eval_episodes: int = param(10, "deterministic episodes per evaluation, run as parallel sub-envs", low=1)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from jaderl.envs.atari import is_atari_id, make_atari_env
 from jaderl.envs.chasing import CHASING_ENVS
 from jaderl.envs.classic import MORE_TORCH_ENVS
 from jaderl.envs.classic import TORCH_ENVS as _CLASSIC_ENVS
@@ -18,15 +19,14 @@ __all__ = ["TORCH_ENVS", "EnvError", "GymnasiumVecEnv", "VecEnv", "make_env"]
 
 def make_env(name: str, num_envs: int, device: torch.device | str = "cpu", seed: int | None = None,
              workers: int = 0) -> VecEnv:
-    """Build ``num_envs`` copies of env ``name``: a built-in torch env (``jaderl/...``), an Atari game (``ALE/...``,
-    preprocessed as in :mod:`jaderl.envs.atari`) or any Gymnasium id.
+    """Build ``num_envs`` copies of env ``name``: a built-in torch env (``jaderl/...``), an Atari game (``ALE/...`` or
+    ale-py's older ids such as ``PongNoFrameskip-v4``, preprocessed as in :mod:`jaderl.envs.atari`) or any Gymnasium
+    id.
 
     ``workers > 0`` steps a Gymnasium id in that many worker processes alongside this one, through shared memory
     (:class:`~jaderl.envs.subproc.SubprocVecEnv`); the default steps it in this process. Torch-native and Atari
     envs ignore it."""
-    if name.startswith("ALE/"):
-        from jaderl.envs.atari import make_atari_env
-
+    if is_atari_id(name):
         return make_atari_env(name, num_envs, device)
     if is_stock_id(name):  # jaderl/StockTrading-v0, with or without ?KEY=VALUE options (jaderl.envs.stock)
         return StockTradingEnv(num_envs=num_envs, device=device, seed=seed, env_id=name)

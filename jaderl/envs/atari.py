@@ -11,6 +11,9 @@ default (``clip_rewards``, applied where the agent learns, so logged returns are
 
 from __future__ import annotations
 
+import importlib.util
+import re
+
 import gymnasium as gym
 import torch
 
@@ -18,6 +21,22 @@ from jaderl.envs.vec import EnvError, GymnasiumVecEnv
 
 FRAME_STACK = 4
 """Frames per observation."""
+
+
+def is_atari_id(env_id: str) -> bool:
+    """Whether ``env_id`` names an ale-py game: an ``ALE/...-v5`` id, or (when ale-py is installed) one of its older
+    ids such as ``PongNoFrameskip-v4`` or ``Breakout-v4``. Every one is built with the preprocessing above."""
+    if env_id.startswith("ALE/"):
+        return True
+    if not re.fullmatch(r"[A-Z]\w*-v[04]", env_id) or importlib.util.find_spec("ale_py") is None:
+        return False  # the check below imports ale-py, which only ale-py's own ids need
+    import ale_py
+
+    gym.register_envs(ale_py)
+    try:
+        return str(gym.spec(env_id).entry_point).startswith("ale_py")
+    except gym.error.Error:
+        return False
 
 
 def register_atari_envs() -> None:
@@ -38,8 +57,11 @@ def make_atari_env(
     asynchronous: bool = False,
     max_episode_steps: int | None = None,
 ) -> GymnasiumVecEnv:
-    """``num_envs`` preprocessed copies of the Atari game ``env_id`` (``ALE/Pong-v5`` ...), vectorised in this process
-    (or in one process per sub-env with ``asynchronous=True``).
+    """``num_envs`` preprocessed copies of the Atari game ``env_id`` (``ALE/Pong-v5``, ``PongNoFrameskip-v4`` ...),
+    vectorised in this process (or in one process per sub-env with ``asynchronous=True``). The game itself always
+    advances one frame per emulator step (``frameskip=1``; ``AtariPreprocessing`` repeats each action 4 times), so
+    an id's own frame skip (``Pong-v4``: 2 to 4 frames at random) is replaced by that fixed skip of 4; its sticky-action
+    probability (0.25 for v5 ids, 0 for v4 ids) is kept.
 
     An episode is a whole game (a lost life does not end it). ``max_episode_steps`` truncates episodes after
     that many agent steps (frame-skipped), which the v5 ids leave unbounded apart from ALE's 108,000-frame limit.

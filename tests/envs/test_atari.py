@@ -14,7 +14,7 @@ import torch
 import jaderl
 from jaderl.core import loop
 from jaderl.envs import EnvError, GymnasiumVecEnv, VecEnv, make_env
-from jaderl.envs.atari import make_atari_env
+from jaderl.envs.atari import is_atari_id, make_atari_env
 
 PONG = "ALE/Pong-v5"
 
@@ -111,3 +111,18 @@ def test_pong_smoke_run(algo: str, tmp_path: Path, monkeypatch: pytest.MonkeyPat
     assert trained.act(env.reset(seed=1), deterministic=True).shape == (1,)
     env.close()
     assert stats and stats[-1]["done"]
+
+
+@pytest.mark.parametrize("env_id", ["PongNoFrameskip-v4", "Pong-v4"])
+def test_older_ale_ids_get_the_same_preprocessing(env_id: str) -> None:
+    """ale-py's v4 ids are Atari games too: preprocessed, frame-stacked and (when training) reward-clipped."""
+    assert is_atari_id(env_id) and not is_atari_id("CartPole-v0") and not is_atari_id("Pendulum-v1")
+    env = make_env(env_id, 1)
+    try:
+        assert isinstance(env, GymnasiumVecEnv) and env.obs_shape == (4, 84, 84) and env.action_dim == 6
+        assert env.reset(seed=0).dtype == torch.uint8
+        game = env.env.envs[0].unwrapped  # type: ignore[attr-defined]
+        assert game.spec.id == env_id and game._frameskip == 1  # AtariPreprocessing skips the frames
+    finally:
+        env.close()
+    assert jaderl.make_config("dqn", env_id).clip_rewards and not jaderl.make_config("dqn", "CartPole-v1").clip_rewards
