@@ -84,7 +84,7 @@ class ReplayBuffer:
         """
         self.data, self.ptr, self.size = {}, 0, 0
         if tensors:
-            self.add({k: v.to(self.device) for k, v in tensors.items()})  # allocates and fills rows [0, size)
+            self.add(tensors)  # allocates rows on the device and copies into them (no second device copy)
         self.ptr, self.size = meta["ptr"], meta["size"]
         if self.size and "truncated" in self.data and "terminated" in self.data:
             newest = (self.ptr - 1) % self.rows
