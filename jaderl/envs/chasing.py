@@ -25,6 +25,10 @@ reward starts from is that of the current state, so the first reward of a fresh 
 the end of the previous one (in ElegantRL's it did, a spurious ``-d_start`` jump); the action is clipped to the
 contract's ``[-1, 1]^dim`` before the norm is taken; both ``terminated`` and ``truncated`` are returned
 (ElegantRL's had one ``done``).
+
+The target's accelerations come from the same ``generator`` as the initial states, so the two ``sync_free`` settings
+(which draw initial states at different times, see :mod:`jaderl.envs.classic`) give the same trajectories only until
+the first auto-reset; after it every sub-env's target moves differently (from the same distribution).
 """
 
 from __future__ import annotations
@@ -105,6 +109,8 @@ class ChasingEnv(_TorchClassicEnv):
                 f"expected ({self.num_envs}, {self.dim}) actions (one {self.dim}-vector per sub-env), "
                 f"got a tensor of shape {tuple(action.shape)}"
             )
+        if not self.sync_free:  # NaN or infinite actions: one sentence, before anything moves (sync_free)
+            self._check_action(action)
         d = self.dim
         a = action.reshape(self.num_envs, d).to(device=self.device, dtype=self.dtype).clamp(-1.0, 1.0).T
         a_norm = _norm(a)

@@ -29,9 +29,10 @@ What matches Gymnasium 1.4 (``gymnasium/envs/classic_control/pendulum.py`` and `
 What differs from Gymnasium: the random numbers come from a ``torch.Generator`` on the env's device (not NumPy's),
 so seeds do not reproduce Gymnasium's initial states (use :meth:`set_state` for that); Pendulum's action is in
 ``[-1, 1]`` and becomes the torque ``2 * clip(action, -1, 1)``, which equals Gymnasium's ``clip(torque, -2, 2)``;
-observations are in the env's ``dtype`` (Gymnasium: float32) while rewards are float32; and finished sub-envs reset
+observations are in the env's ``dtype`` (Gymnasium: float32) while rewards are float32; finished sub-envs reset
 themselves inside ``step`` with ``info["final_obs"]`` holding the observation they reached (see
-:mod:`jaderl.envs.vec`).
+:mod:`jaderl.envs.vec`); and NaN, infinite or out-of-range discrete actions raise :class:`EnvError` (on the CPU;
+with ``sync_free`` they are not checked, see there).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ import math
 
 import torch
 
-from jaderl.envs.vec import EnvError, VecEnv
+from jaderl.envs.vec import NONFINITE_ACTIONS, EnvError, VecEnv, discrete_action_error
 
 __all__ = [
     "MORE_TORCH_ENVS",
@@ -91,10 +92,13 @@ class _TorchClassicEnv(VecEnv):
         """Steps each sub-env has taken since its last reset, ``(num_envs,)`` int64 (the ``TimeLimit`` counter)."""
         self.sync_free = self.device.type != "cpu"
         """``True`` (the default on a GPU): ``step`` never reads a tensor's value on the host, so it resets finished
-        sub-envs by masking, drawing initial states for all of them every step. ``False`` (the default on the CPU,
-        where such a read costs nothing): a step in which no sub-env finished skips the draw, the mask and the second
-        observation, 1.5x to 2x faster for Pendulum at 4,096 envs. The two draw from the generator at different
-        times, so the same seed gives different initial states after the first auto-reset."""
+        sub-envs by masking, drawing initial states for all of them every step, and does not check the actions (a NaN
+        action makes that sub-env's state NaN until it resets; an out-of-range discrete action is clamped, and
+        CartPole pushes left for anything but 1). ``False`` (the default on the CPU, where such a read costs
+        nothing): a step in which no sub-env finished skips the draw, the mask and the second observation, 1.5x to 2x
+        faster for Pendulum at 4,096 envs, and NaN, infinite or out-of-range actions raise :class:`EnvError` before
+        anything moves. The two draw from the generator at different times, so the same seed gives different initial
+        states after the first auto-reset."""
         # True until the first step/reset/set_state: the first reset() without a seed then keeps the initial state
         # drawn here, so ``Env(seed=s).reset()`` and ``Env().reset(seed=s)`` give the same states.
         self._fresh = True
@@ -188,7 +192,20 @@ class _TorchClassicEnv(VecEnv):
             raise EnvError(
                 f"expected {self.num_envs} actions (one per sub-env), got a tensor of shape {tuple(action.shape)}"
             )
+        if not self.sync_free:
+            self._check_action(action)
         return action.reshape(self.num_envs).to(device=self.device, dtype=dtype)
+
+    def _check_action(self, action: torch.Tensor) -> None:
+        """Refuse NaN or infinite actions, and discrete ones outside ``0 .. action_dim - 1``, in one sentence.
+
+        It reads the actions' extremes on the host, so ``step`` calls it only without ``sync_free``.
+        """
+        low, high = (x.item() for x in torch.aminmax(action))
+        if not (math.isfinite(low) and math.isfinite(high)):
+            raise EnvError(NONFINITE_ACTIONS)
+        if self.is_discrete and (low < 0 or high >= self.action_dim):
+            raise discrete_action_error(type(self).__name__, self.action_dim, low, high)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(num_envs={self.num_envs}, device={str(self.device)!r}, dtype={self.dtype})"
@@ -246,8 +263,8 @@ class PendulumEnv(_TorchClassicEnv):
 class CartPoleEnv(_TorchClassicEnv):
     """Batched torch ``CartPole-v1`` (Gymnasium 1.4 dynamics, Euler integrator, truncated at 500 steps).
 
-    Action: ``(num_envs,)`` integers, ``1`` pushes right (force ``+10``), anything else left (``-10``), as in
-    Gymnasium. Observation and state: ``(num_envs, 4)`` = ``[x, x_dot, theta, theta_dot]``. Reward ``1.0`` per step.
+    Action: ``(num_envs,)`` integers, ``0`` pushes left (force ``-10``), ``1`` right (``+10``). Observation and
+    state: ``(num_envs, 4)`` = ``[x, x_dot, theta, theta_dot]``. Reward ``1.0`` per step.
     """
 
     state_dim = 4
@@ -338,19 +355,20 @@ TORCH_ENVS: dict[str, type[VecEnv]] = {
 
 
 def _discrete_offset(action: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """A 3-way discrete action ``{0, 1, 2}`` as ``action - 1`` in ``{-1, 0, 1}`` (out-of-range actions are clamped)."""
+    """A 3-way discrete action ``{0, 1, 2}`` as ``action - 1`` in ``{-1, 0, 1}`` (with ``sync_free``, where actions
+    are not checked, out-of-range ones are clamped)."""
     return action.clamp(0, 2).sub_(1).to(dtype)
 
 
 class AcrobotEnv(_TorchClassicEnv):
     """Batched torch ``Acrobot-v1`` (Gymnasium 1.4 "book" dynamics, RK4 over ``dt = 0.2`` s, truncated at 500 steps).
 
-    Action: ``(num_envs,)`` integers ``0, 1, 2`` = torque ``-1, 0, +1`` on the joint between the links (out-of-range
-    values are clamped to that range; Gymnasium rejects them). Observation: ``(num_envs, 6)`` = ``[cos th1, sin th1,
-    cos th2, sin th2, dth1, dth2]``. State: ``[th1, th2, dth1, dth2]``, initially ``U(-0.1, 0.1)`` each. Reward
-    ``-1`` per step and ``0`` on the step that terminates, which is when ``-cos th1 - cos(th2 + th1) > 1`` after the
-    step. After each RK4 step the angles are wrapped into ``[-pi, pi]`` and the velocities clipped to
-    ``[-4 pi, 4 pi]`` and ``[-9 pi, 9 pi]``, as Gymnasium does (``torque_noise_max = 0``, no noise).
+    Action: ``(num_envs,)`` integers ``0, 1, 2`` = torque ``-1, 0, +1`` on the joint between the links.
+    Observation: ``(num_envs, 6)`` = ``[cos th1, sin th1, cos th2, sin th2, dth1, dth2]``. State: ``[th1, th2, dth1,
+    dth2]``, initially ``U(-0.1, 0.1)`` each. Reward ``-1`` per step and ``0`` on the step that terminates, which is
+    when ``-cos th1 - cos(th2 + th1) > 1`` after the step. After each RK4 step the angles are wrapped into
+    ``[-pi, pi]`` and the velocities clipped to ``[-4 pi, 4 pi]`` and ``[-9 pi, 9 pi]``, as Gymnasium does
+    (``torque_noise_max = 0``, no noise).
     """
 
     state_dim = 4
@@ -508,10 +526,9 @@ class _MountainCarBase(_TorchClassicEnv):
 class MountainCarEnv(_MountainCarBase):
     """Batched torch ``MountainCar-v0`` (Gymnasium 1.4 dynamics, truncated at 200 steps).
 
-    Action: ``(num_envs,)`` integers ``0, 1, 2`` = push left, no push, push right (force ``(action - 1) * 0.001``;
-    out-of-range values are clamped to that range, Gymnasium rejects them). Observation and state: ``(num_envs, 2)``
-    = ``[position, velocity]``. Reward ``-1`` per step, the terminating one included; terminated when, after the step,
-    ``position >= 0.5`` and ``velocity >= 0``.
+    Action: ``(num_envs,)`` integers ``0, 1, 2`` = push left, no push, push right (force ``(action - 1) * 0.001``).
+    Observation and state: ``(num_envs, 2)`` = ``[position, velocity]``. Reward ``-1`` per step, the terminating one
+    included; terminated when, after the step, ``position >= 0.5`` and ``velocity >= 0``.
     """
 
     goal_position = 0.5

@@ -11,10 +11,15 @@ finished), so a truncated episode can be bootstrapped from its real last state.
 
 An env with a random stream of its own keeps it in ``generator`` (a ``torch.Generator``): checkpoints save its state
 and :meth:`VecEnv.set_rng_state` restores it.
+
+Bad actions are refused with an :class:`EnvError` where that costs no host-device synchronisation: NaN or infinite
+actions, discrete actions outside ``0 .. action_dim - 1``, and a number of actions other than one per sub-env.
+Continuous actions beyond ``[-1, 1]`` are clipped.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 from collections.abc import Callable
 from typing import Any
@@ -26,6 +31,17 @@ import torch
 
 class EnvError(ValueError):
     """An environment that cannot be built or that misbehaves; the message says what to change."""
+
+
+NONFINITE_ACTIONS = ("the agent's actions became NaN or infinite; lower the learning rate or check the env's rewards "
+                     "(the last checkpoint is kept)")
+"""What every env says when it is given a NaN or infinite action: the agent diverged, so do not blame the env."""
+
+
+def discrete_action_error(env_name: str, num_actions: int, low: float, high: float) -> EnvError:
+    """The one-sentence error for discrete actions outside ``0 .. num_actions - 1``."""
+    return EnvError(f"{env_name} takes discrete actions 0 to {num_actions - 1}, got actions from {low:g} to {high:g}; "
+                    f"give the agent {num_actions} actions (the env's action_dim)")
 
 
 class VecEnv:
@@ -57,10 +73,20 @@ class VecEnv:
 
     def set_rng_state(self, state: torch.Tensor) -> None:
         """Continue a checkpoint's random stream (``generator.get_state()``): the next ``reset()`` without a seed
-        draws from it. Envs without a ``generator`` (Gymnasium ones are reseeded instead) ignore it."""
+        draws from it. Envs without a ``generator`` (Gymnasium ones are reseeded instead) ignore it.
+
+        A state saved on the other kind of device (a CUDA generator's is a seed and an offset, a CPU generator's a
+        Mersenne Twister) cannot be continued: the generator is seeded from a hash of it instead, so a run resumed on
+        another device still gets the same episodes from the same checkpoint."""
         generator = getattr(self, "generator", None)
         if generator is not None:
-            generator.set_state(state.to(generator.get_state().device))
+            current = generator.get_state()
+            state = state.to(device=current.device, dtype=current.dtype)
+            if state.shape == current.shape:
+                generator.set_state(state)
+            else:
+                digest = hashlib.blake2b(state.numpy().tobytes(), digest_size=8).digest()
+                generator.manual_seed(int.from_bytes(digest, "little") >> 1)
             self._fresh = False
 
 
@@ -74,6 +100,7 @@ class GymnasiumSpaces(VecEnv):
     """What every adapter of Gymnasium envs shares: reading their spaces and turning jaderl actions into theirs."""
 
     _obs_dtype: torch.dtype
+    _discrete_start: int
     _low: np.ndarray | None
     _high: np.ndarray | None
 
@@ -90,6 +117,7 @@ class GymnasiumSpaces(VecEnv):
         if isinstance(act_space, gym.spaces.Discrete):
             self.is_discrete, self.action_dim = True, int(act_space.n)
             self._low = self._high = None
+            self._discrete_start = int(act_space.start)  # agent's action 0 is the space's first, e.g. start=-1
         elif isinstance(act_space, gym.spaces.Box) and len(act_space.shape) == 1:
             if not (np.isfinite(act_space.low).all() and np.isfinite(act_space.high).all()):
                 raise EnvError(f"action space {act_space} is unbounded: jaderl rescales actions from [-1, 1]")
@@ -99,13 +127,22 @@ class GymnasiumSpaces(VecEnv):
             raise EnvError(f"action space {act_space} is not supported: use Discrete or a 1-D Box")
 
     def _env_actions(self, action: torch.Tensor) -> np.ndarray:
-        """Integer actions (N,) as they are; Box actions clipped to [-1, 1] and rescaled to the space's bounds."""
+        """Discrete actions ``0 .. action_dim - 1`` as the space's integers ``(N,)``; Box actions ``(N, action_dim)``
+        clipped to [-1, 1] and rescaled to the space's bounds. Bad actions raise a one-sentence :class:`EnvError`."""
         act = action.detach().cpu().numpy()
+        size = self.num_envs * (1 if self.is_discrete else self.action_dim)
+        if act.size != size:
+            each = "" if self.is_discrete else f" of {self.action_dim} values"
+            raise EnvError(f"expected {self.num_envs} actions (one{each} per sub-env), got an array of shape "
+                           f"{tuple(act.shape)}")
+        if act.dtype != np.bool_ and not np.isfinite(act).all():  # the agent diverged: say so, not blame the env
+            raise EnvError(NONFINITE_ACTIONS)
         if self.is_discrete:
-            return act.astype(np.int64).reshape(self.num_envs)
-        if not np.isfinite(act).all():  # the agent diverged: say so, rather than blame the env for what follows
-            raise EnvError("the agent's actions became NaN or infinite; lower the learning rate or check the env's "
-                           "rewards (the last checkpoint is kept)")
+            act = act.reshape(self.num_envs)
+            if act.min() < 0 or act.max() >= self.action_dim:
+                raise discrete_action_error("the env", self.action_dim, act.min(), act.max())
+            return act.astype(np.int64) + self._discrete_start
+        act = act.reshape(self.num_envs, self.action_dim)
         return self._low + (np.clip(act, -1.0, 1.0) + 1.0) * 0.5 * (self._high - self._low)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterator
 
@@ -168,6 +169,21 @@ def test_step_does_not_synchronize_on_cuda() -> None:
             env.step(action)
     finally:
         torch.cuda.set_sync_debug_mode("default")
+
+
+def test_nan_actions_are_refused_before_anything_moves() -> None:
+    env = ChasingEnv(3, seed=0)
+    before, state = env.generator.get_state(), env.state
+    actions = [torch.zeros(3, 2).index_put_((torch.tensor(1), torch.tensor(0)), torch.tensor(value))
+               for value in (math.nan, math.inf)]
+    for action in actions:
+        with pytest.raises(EnvError, match=r"^the agent's actions became NaN or infinite; lower the learning rate"):
+            env.step(action)
+    assert torch.equal(env.state, state) and torch.equal(env.generator.get_state(), before)
+    assert (env.elapsed_steps == 0).all()
+    env.sync_free = True  # the GPU's mode reads nothing back, so it does not check
+    obs, *_ = env.step(actions[0])
+    assert obs[1].isnan().any()
 
 
 def test_registry_validation_and_make_env() -> None:

@@ -207,6 +207,26 @@ def test_a_restored_random_stream_is_what_the_next_reset_draws_from(cls: type[Pe
     assert torch.equal(env.reset(), expected) and not torch.equal(expected, first)
 
 
+def test_a_random_stream_saved_on_another_kind_of_device_reseeds_the_env() -> None:
+    """A CUDA generator's state (a seed and an offset, 16 bytes) does not fit a CPU generator (a Mersenne Twister),
+    nor the other way round: a run resumed on the other kind of device goes on from a seed derived from the saved
+    state, so the same checkpoint still gives the same episodes."""
+    foreign = torch.arange(16, dtype=torch.uint8)
+    a, b = PendulumEnv(4, seed=1), PendulumEnv(4, seed=2)
+    for env in (a, b):
+        env.set_rng_state(foreign)
+    first = a.reset()
+    assert torch.equal(first, b.reset()) and not torch.equal(first, PendulumEnv(4, seed=1).reset())
+    c = PendulumEnv(4, seed=1)
+    c.set_rng_state(foreign + 1)
+    assert not torch.equal(c.reset(), first)
+    if torch.cuda.is_available():
+        gpu = [PendulumEnv(4, device="cuda", seed=s) for s in (1, 2)]
+        for env in gpu:
+            env.set_rng_state(PendulumEnv(4, seed=3).generator.get_state())
+        assert torch.equal(gpu[0].reset(), gpu[1].reset())
+
+
 def test_skipping_idle_resets_changes_nothing_before_the_first_reset() -> None:
     """On the CPU a step with no finished sub-env skips the reset work (``sync_free=False``); both modes agree until
     a sub-env resets, and ``obs`` never shares memory with ``info["final_obs"]``."""

@@ -3,6 +3,7 @@ step-for-step equivalence with Gymnasium 1.4 (float64), auto-reset, seeding, sha
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 
 import gymnasium as gym
@@ -11,7 +12,7 @@ import pytest
 import torch
 
 from jaderl.envs import TORCH_ENVS, make_env
-from jaderl.envs.classic import AcrobotEnv, MountainCarContinuousEnv, MountainCarEnv
+from jaderl.envs.classic import AcrobotEnv, CartPoleEnv, MountainCarContinuousEnv, MountainCarEnv, PendulumEnv
 from jaderl.envs.vec import EnvError, VecEnv
 
 N_SYNC = 8  # sub-envs compared with Gymnasium
@@ -178,7 +179,7 @@ def test_mountain_car_reward_and_wall_details() -> None:
 
     car = MountainCarEnv(2, dtype=torch.float64, seed=0)
     car.set_state(torch.tensor([[0.49, 0.02], [-0.5, 0.0]], dtype=torch.float64))
-    _, reward, terminated, truncated, info = car.step(torch.tensor([2, 7]))  # 7 is clamped to 2 (push right)
+    _, reward, terminated, truncated, info = car.step(torch.tensor([2, 2]))  # push right
     assert terminated.tolist() == [True, False] and not truncated.any() and reward.tolist() == [-1.0, -1.0]
     assert info["final_obs"][1, 1] > 0
 
@@ -207,6 +208,36 @@ def test_acrobot_wraps_angles_and_bounds_velocities() -> None:
     s = env.state
     assert (s[:, :2].abs() <= np.pi).all()
     assert (s[:, 2].abs() <= 4 * np.pi).all() and (s[:, 3].abs() <= 9 * np.pi).all()
+
+
+@pytest.mark.parametrize("cls", [PendulumEnv, CartPoleEnv, *CLASSES])
+def test_nan_and_out_of_range_actions_are_refused_with_one_sentence(cls: type) -> None:
+    """On the CPU a NaN or infinite action, or a discrete one outside 0..action_dim-1, is refused before anything
+    moves; a continuous action beyond [-1, 1] is clipped, as the contract says. With ``sync_free`` (the GPU's mode,
+    which never reads a value back) nothing is checked."""
+    n = 4
+    env = cls(n, dtype=torch.float64, seed=0)
+    env.reset()
+    shape = (n,) if env.is_discrete else (n, 1)
+    before, steps = env.state, env.elapsed_steps.clone()
+    bad = [torch.zeros(shape).index_fill_(0, torch.tensor([2]), value) for value in (math.nan, math.inf, -math.inf)]
+    for action in bad:
+        with pytest.raises(EnvError, match=r"^the agent's actions became NaN or infinite; lower the learning rate"):
+            env.step(action)
+    if env.is_discrete:
+        for value in (-1, env.action_dim):
+            action = torch.zeros(n, dtype=torch.int64).index_fill_(0, torch.tensor([1]), value)
+            with pytest.raises(EnvError, match=rf"^{cls.__name__} takes discrete actions 0 to {env.action_dim - 1}, "
+                                               rf"got actions from {min(value, 0)} to {max(value, 0)}; "):
+                env.step(action)
+    assert torch.equal(env.state, before) and torch.equal(env.elapsed_steps, steps)  # nothing moved
+    if not env.is_discrete:
+        clipped = env.step(torch.full(shape, 5.0, dtype=torch.float64))
+        env.set_state(before, elapsed_steps=steps)
+        assert all(torch.equal(a, b) for a, b in zip(clipped[:4], env.step(torch.ones(shape, dtype=torch.float64))[:4],
+                                                     strict=True))
+    env.sync_free = True
+    env.step(bad[0])  # not checked
 
 
 @pytest.mark.parametrize("cls", CLASSES)

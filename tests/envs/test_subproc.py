@@ -8,6 +8,7 @@ long as this process), and no zombie.
 from __future__ import annotations
 
 import gc
+import math
 import multiprocessing as mp
 import os
 import signal
@@ -37,11 +38,13 @@ BOX_LOW, BOX_HIGH = np.array([-2.0, 0.0, 5.0], np.float32), np.array([2.0, 10.0,
 class EchoEnv(gym.Env):
     """Observes the action it was last given (``[a, 0, 0]`` when discrete); never finishes.
 
-    ``bad_seed``: raise in ``step`` when reset with that seed. ``sleep``: seconds each ``step`` takes."""
+    ``bad_seed``: raise in ``step`` when reset with that seed. ``sleep``: seconds each ``step`` takes. ``start``: the
+    first action of the Discrete space."""
 
-    def __init__(self, box: bool = True, bad_seed: int | None = None, sleep: float = 0.0) -> None:
+    def __init__(self, box: bool = True, bad_seed: int | None = None, sleep: float = 0.0, start: int = 0) -> None:
         self.observation_space = gym.spaces.Box(-np.inf, np.inf, (3,), np.float32)
-        self.action_space = gym.spaces.Box(BOX_LOW, BOX_HIGH, dtype=np.float32) if box else gym.spaces.Discrete(4)
+        discrete = gym.spaces.Discrete(4, start=start)
+        self.action_space = gym.spaces.Box(BOX_LOW, BOX_HIGH, dtype=np.float32) if box else discrete
         self.bad_seed, self.sleep, self.seed_used, self.closed = bad_seed, sleep, None, False
 
     def close(self) -> None:
@@ -57,6 +60,7 @@ class EchoEnv(gym.Env):
             raise RuntimeError(f"boom from the env seeded {self.seed_used}")
         if self.sleep:
             time.sleep(self.sleep)
+        assert self.action_space.contains(action), f"{action!r} is not in {self.action_space}"
         if self.action_space.shape:
             assert action.dtype == np.float32
             return np.asarray(action, np.float32), 0.0, False, False, {}
@@ -121,6 +125,53 @@ def test_box_rescaling_discrete_actions_and_uneven_slices() -> None:
     finally:
         box.close()
         discrete.close()
+
+
+def test_discrete_actions_count_from_the_space_s_start() -> None:
+    """The agent's actions are 0 .. n-1 whatever the space's ``start``: Discrete(4, start=-2) gets -2 .. 1."""
+    sub = SubprocVecEnv(EchoEnv, num_envs=4, num_workers=1, env_kwargs={"box": False, "start": -2})
+    ref = GymnasiumVecEnv(EchoEnv(box=False, start=-2))
+    try:
+        assert sub.action_dim == ref.action_dim == 4
+        sub.reset(seed=0)
+        ref.reset(seed=0)
+        obs, *_ = sub.step(torch.tensor([0, 1, 2, 3]))
+        assert obs[:, 0].tolist() == [-2.0, -1.0, 0.0, 1.0]
+        obs, *_ = ref.step(torch.tensor([3]))
+        assert obs[:, 0].tolist() == [1.0]
+    finally:
+        sub.close()
+        ref.close()
+
+
+def test_bad_actions_are_refused_in_one_sentence_and_the_env_goes_on() -> None:
+    sub = SubprocVecEnv(EchoEnv, num_envs=3, num_workers=1, env_kwargs={"box": False})
+    box = SubprocVecEnv("Pendulum-v1", num_envs=2, num_workers=1)
+    ref = GymnasiumVecEnv("Pendulum-v1", num_envs=2)
+    try:
+        sub.reset(seed=0)
+        with pytest.raises(EnvError, match=r"^the env takes discrete actions 0 to 3, got actions from 0 to 4; give the "
+                                           r"agent 4 actions"):
+            sub.step(torch.tensor([0, 4, 1]))
+        with pytest.raises(EnvError, match=r"^the env takes discrete actions 0 to 3, got actions from -1 to 1"):
+            sub.step(torch.tensor([0, -1, 1]))
+        with pytest.raises(EnvError, match=r"^the agent's actions became NaN or infinite"):
+            sub.step(torch.tensor([0.0, math.nan, 1.0]))
+        with pytest.raises(EnvError, match=r"^expected 3 actions \(one per sub-env\), got an array of shape \(2,\)$"):
+            sub.step(torch.tensor([0, 1]))
+        obs, *_ = sub.step(torch.tensor([3, 0, 2]))  # nothing was sent to the workers: they are still in step
+        assert obs[:, 0].tolist() == [3.0, 0.0, 2.0]
+        for env in (box, ref):  # one value per sub-env is (N,) or (N, 1), as for the torch envs
+            env.reset(seed=1)
+            with pytest.raises(EnvError, match=r"^expected 2 actions \(one of 1 values per sub-env\), got an array"):
+                env.step(torch.zeros(2, 2))
+        for shape in [(2,), (2, 1)]:
+            *got, _ = box.step(torch.full(shape, 0.5))
+            *want, _ = ref.step(torch.full(shape, 0.5))
+            assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+    finally:
+        for env in (sub, box, ref):
+            env.close()
 
 
 def test_raising_worker_is_reported_by_name() -> None:
