@@ -159,8 +159,9 @@ def _explorer(worker: int, config_dict: dict[str, Any], agent_cls: type[Agent], 
         try:
             while not shared.stop.is_set():
                 # on-policy: wait for the policy of this round (the learner releases `go` after publishing it);
-                # off-policy: take the newest policy, if there is a new one, and go on
-                if agent.on_policy and used >= 0 and not go.acquire(timeout=POLL_S):
+                # off-policy: wait until the learner took the last trajectory (it releases `go` then), so at most
+                # one finished trajectory waits, then take the newest policy, if there is a new one, and go on
+                if used >= 0 and not go.acquire(timeout=POLL_S):
                     if _orphaned():
                         return
                     continue
@@ -198,7 +199,7 @@ def _evaluator(config_dict: dict[str, Any], agent_cls: type[Agent], shared: _Sha
         env = make_env(config.env, config.eval_episodes, "cpu", seed=config.seed + 1)
         agent = agent_cls(config, env, torch.device("cpu"))
         evaluator = Evaluator(env, Path(config.run_dir), seed=config.seed + 1, resume_step=resume_step)
-        results.put(("ready", evaluator.best_return))
+        results.put(("ready", evaluator.best_return, evaluator.rows[-1]["step"] if evaluator.rows else None))
         try:
             while not _orphaned():
                 try:
@@ -235,6 +236,8 @@ class _Pipeline:
         self.policy_lag = 0.0  # mean number of publications the policies of the last round were behind
         self.requests, self.results = ctx.Queue(), ctx.Queue()
         self.eval_pending = False
+        self.eval_step = 0  # the step of the pending evaluation
+        self.last_eval_step: int | None = None  # the step of the last evaluation in metrics.csv when started
         self.processes: dict[str, SpawnProcess] = {}
         self.processes["evaluator"] = ctx.Process(
             target=_evaluator, name="jaderl-evaluator", daemon=True,
@@ -249,7 +252,7 @@ class _Pipeline:
         """Start the children and wait until the evaluator has set up the run's metrics."""
         for process in self.processes.values():
             process.start()
-        self.best_return = self._get(self.results, "evaluator")[1]
+        _, self.best_return, self.last_eval_step = self._get(self.results, "evaluator")
 
     # --- watching ---
     def check(self) -> None:
@@ -300,7 +303,11 @@ class _Pipeline:
     def collect(self) -> dict[str, torch.Tensor]:
         """One trajectory from every worker, joined along the sub-env axis on the learner's device."""
         self.check()  # also when trajectories are always ready and no wait below times out
-        parts = [self._get(q, f"explorer worker {w}") for w, q in enumerate(self.trajectories)]
+        parts = []
+        for w, q in enumerate(self.trajectories):
+            parts.append(self._get(q, f"explorer worker {w}"))
+            if not self.agent.on_policy:  # it explores the next round while this one is learned from
+                self.go[w].release()
         version = self.shared.version.value
         self.policy_lag = sum(version - p[2] for p in parts) / len(parts)
         if self.agent.on_policy and self.policy_lag:
@@ -316,7 +323,7 @@ class _Pipeline:
         for key, tensor in self.agent.policy_state_dict().items():
             self.shared.eval_policy[key].copy_(tensor)
         self.requests.put((step, time_s, stats))
-        self.eval_pending = True
+        self.eval_pending, self.eval_step = True, step
 
     def poll_eval(self, wait: bool = False) -> float | None:
         """The return of the evaluation that finished since the last call, if any (``wait``: wait for it)."""
@@ -369,7 +376,12 @@ def train_pipeline(config: Config, agent_cls: type[Agent], resume: bool = False,
     config.save_yaml(run_dir / "config.yaml")
 
     def checkpoint() -> None:  # the explorers' envs are not saved: they start afresh, seeded from the steps
-        save_state(run_dir, config, counters, agent, buffer)
+        # an evaluation still running may never be recorded (the run can be killed, or end before it finishes):
+        # it is due again after a resume, unless metrics.csv holds it by then
+        saved = dict(counters)
+        if pipeline.eval_pending:
+            saved["next_eval"] = min(saved["next_eval"], pipeline.eval_step)
+        save_state(run_dir, config, saved, agent, buffer)
 
     def logged() -> dict[str, float]:  # what an evaluation records beside its result (host syncs: once per eval)
         return checked_floats(stats, agent.steps) | agent.episode_stats() | {"pipeline/policy_lag": pipeline.policy_lag}
@@ -380,6 +392,9 @@ def train_pipeline(config: Config, agent_cls: type[Agent], resume: bool = False,
     start = time.perf_counter() - counters["time_s"]
     try:
         pipeline.start()
+        if pipeline.last_eval_step is not None and pipeline.last_eval_step >= counters["next_eval"]:
+            # the evaluation that was running at the checkpoint was recorded after all
+            counters["next_eval"] = (pipeline.last_eval_step // config.eval_every + 1) * config.eval_every
         start = time.perf_counter() - counters["time_s"]
         while not reason:
             traj = pipeline.collect()

@@ -30,7 +30,7 @@ from jaderl.core.checkpoint import load_checkpoint
 from jaderl.core.config import ConfigError
 from jaderl.envs import make_env
 from jaderl.envs.vec import VecEnv
-from jaderl.parallel.pipeline import POLL_S, WORKER_SEED_STRIDE, WorkerError, _Pipeline
+from jaderl.parallel.pipeline import POLL_S, WORKER_SEED_STRIDE, WorkerError, _Pipeline, train_pipeline
 
 pytestmark = pytest.mark.usefixtures("no_leftover_processes")
 
@@ -334,6 +334,7 @@ def test_worker_that_dies_after_sending_a_trajectory_is_named(how: str, expected
     def check_then_fail() -> None:  # worker 1 fails right after the learner found every child well
         checked()
         if not (run_dir / "fail").exists():
+            pipeline.go[1].release()  # let it start its second round, as if its first trajectory had been taken
             (run_dir / "fail.tmp").write_text(how)
             (run_dir / "fail.tmp").rename(run_dir / "fail")
             pipeline.processes["explorer worker 1"].join(30)
@@ -348,3 +349,59 @@ def test_worker_that_dies_after_sending_a_trajectory_is_named(how: str, expected
             pipeline.collect()
     finally:
         pipeline.close()
+
+
+def test_off_policy_data_is_at_most_one_publication_old(tmp_path: Path) -> None:
+    """Explorers explore while the learner updates, with the newest policy, and hold at most one finished trajectory:
+    a round's data comes from the policy published just before the previous round's update (lag 1), not older."""
+    pipeline = _pipeline(tmp_path / "run")
+    lags = []
+    try:
+        pipeline.start()
+        for _ in range(8):
+            pipeline.collect()
+            lags.append(pipeline.policy_lag)
+            time.sleep(0.3)  # an update far longer than an explorer's round: explorers wait for the learner
+            pipeline.publish()
+    finally:
+        pipeline.close()
+    assert max(lags[2:]) <= 1.0, lags
+
+
+
+class SlowEvaluationSAC(SAC):
+    """SAC whose first evaluation in the evaluator process takes ``delay`` seconds more."""
+
+    delay = 60.0
+
+    @torch.no_grad()
+    def act(self, obs: torch.Tensor, deterministic: bool = False) -> torch.Tensor:
+        if deterministic and mp.current_process().name == "jaderl-evaluator" and self.delay:
+            time.sleep(self.delay)
+            self.delay = 0.0
+        return super().act(obs, deterministic)
+
+
+class SlightlySlowEvaluationSAC(SlowEvaluationSAC):
+    delay = 1.0
+
+
+@pytest.mark.parametrize(("agent_cls", "expected"), [(SlowEvaluationSAC, [192, 224]),
+                                                     (SlightlySlowEvaluationSAC, [128, 224])])
+def test_an_evaluation_running_at_ctrl_c_is_recorded_once(agent_cls: type[SAC], expected: list[int],
+                                                          tmp_path: Path) -> None:
+    """Ctrl-C while the evaluator is busy: an evaluation it could not finish before it was stopped is done again after
+    a resume, as in one process (not skipped because it was requested before the checkpoint); one that it finished
+    while the run stopped is not done twice."""
+    run_dir = tmp_path / "run"
+    config = make_config("sac", "jaderl/Pendulum-v1", run_dir=str(run_dir), seed=0, total_steps=10**9, **SMALL_SAC)
+
+    def interrupt(info: dict[str, Any]) -> None:
+        if info["steps"] >= 160:  # rounds of 32 steps: the evaluation of step 128 is still running
+            raise KeyboardInterrupt
+
+    first = train_pipeline(config, agent_cls, progress=interrupt)
+    assert first.stop_reason == "interrupted" and first.steps == 160
+    second = jaderl.resume(run_dir, total_steps=224)  # 2 rounds; evaluations are due every 128 steps
+    assert second.stop_reason == "total_steps"
+    assert [int(r["step"]) for r in _rows(run_dir)] == expected
