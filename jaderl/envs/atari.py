@@ -25,7 +25,9 @@ FRAME_STACK = 4
 
 def is_atari_id(env_id: str) -> bool:
     """Whether ``env_id`` names an ale-py game: an ``ALE/...-v5`` id, or (when ale-py is installed) one of its older
-    ids such as ``PongNoFrameskip-v4`` or ``Breakout-v4``. Every one is built with the preprocessing above."""
+    ids such as ``PongNoFrameskip-v4`` or ``Breakout-v4``, with or without Gymnasium's module prefix
+    (``ale_py:ALE/Pong-v5``). Every one is built with the preprocessing above."""
+    env_id = env_id.removeprefix("ale_py:")
     if env_id.startswith("ALE/"):
         return True
     if not re.fullmatch(r"[A-Z]\w*-v[04]", env_id) or importlib.util.find_spec("ale_py") is None:
@@ -68,6 +70,7 @@ def make_atari_env(
     Episodes are seeded by ``reset(seed=...)``, like every Gymnasium env jaderl adapts.
     """
     register_atari_envs()
+    env_id = env_id.removeprefix("ale_py:")  # registered above
     try:
         gym.spec(env_id)
     except gym.error.Error as exc:

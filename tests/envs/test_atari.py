@@ -113,7 +113,7 @@ def test_pong_smoke_run(algo: str, tmp_path: Path, monkeypatch: pytest.MonkeyPat
     assert stats and stats[-1]["done"]
 
 
-@pytest.mark.parametrize("env_id", ["PongNoFrameskip-v4", "Pong-v4"])
+@pytest.mark.parametrize("env_id", ["PongNoFrameskip-v4", "Pong-v4", "ale_py:PongNoFrameskip-v4", "ale_py:ALE/Pong-v5"])
 def test_older_ale_ids_get_the_same_preprocessing(env_id: str) -> None:
     """ale-py's v4 ids are Atari games too: preprocessed, frame-stacked and (when training) reward-clipped."""
     assert is_atari_id(env_id) and not is_atari_id("CartPole-v0") and not is_atari_id("Pendulum-v1")
@@ -122,7 +122,7 @@ def test_older_ale_ids_get_the_same_preprocessing(env_id: str) -> None:
         assert isinstance(env, GymnasiumVecEnv) and env.obs_shape == (4, 84, 84) and env.action_dim == 6
         assert env.reset(seed=0).dtype == torch.uint8
         game = env.env.envs[0].unwrapped  # type: ignore[attr-defined]
-        assert game.spec.id == env_id and game._frameskip == 1  # AtariPreprocessing skips the frames
+        assert game.spec.id == env_id.removeprefix("ale_py:") and game._frameskip == 1  # the wrapper skips frames
     finally:
         env.close()
     assert jaderl.make_config("dqn", env_id).clip_rewards and not jaderl.make_config("dqn", "CartPole-v1").clip_rewards
