@@ -22,7 +22,7 @@ from jaderl.core.config import Config, ConfigError
 from jaderl.core.evaluator import BEST_POLICY, run_episodes
 from jaderl.core.loop import TrainingError, TrainResult, resolve_device
 from jaderl.core.loop import train as train_loop
-from jaderl.envs import make_env
+from jaderl.envs import EnvError, make_env
 from jaderl.envs.atari import is_atari_id
 from jaderl.envs.stock import with_absolute_csv
 
@@ -61,9 +61,21 @@ def _run(config: Config, resume: bool, progress: Progress | None) -> TrainResult
             return train_ddp(config, agent_cls, resume=resume, progress=progress)
         return train_loop(config, agent_cls, resume=resume, progress=progress)
     except RuntimeError as exc:
-        if isinstance(exc, TrainingError) or not _out_of_memory(exc):
-            raise
-        raise TrainingError(_memory_advice(config, exc)) from exc
+        if not isinstance(exc, TrainingError) and _out_of_memory(exc):
+            raise TrainingError(_memory_advice(config, exc)) from exc
+        _say_if_nothing_was_saved(config, exc)
+        raise
+    except EnvError as exc:
+        _say_if_nothing_was_saved(config, exc)
+        raise
+
+
+def _say_if_nothing_was_saved(config: Config, exc: Exception) -> None:
+    """Errors say "the last checkpoint is kept"; before the first checkpoint, raise one that says what is true."""
+    kept = "the last checkpoint is kept"
+    if kept in str(exc) and not (config.run_dir and (Path(config.run_dir) / CHECKPOINT_JSON).exists()):
+        message = str(exc).replace(kept, "no checkpoint had been written yet, so there is nothing to resume")
+        raise type(exc)(message) from exc
 
 
 def _out_of_memory(exc: RuntimeError) -> bool:
@@ -140,9 +152,14 @@ def load(run_dir: str | Path, best: bool = True, device: str = "cpu") -> Agent:
     agent.load_state_dict(load_checkpoint(run_dir, part="agent"))  # not the replay buffer
     best_path = Path(run_dir) / BEST_POLICY
     if best and best_path.exists():
+        from safetensors import SafetensorError
         from safetensors.torch import load_file
 
-        agent.load_policy_state_dict(load_file(str(best_path), device=str(agent.device)))
+        try:
+            agent.load_policy_state_dict(load_file(str(best_path), device=str(agent.device)))
+        except (OSError, SafetensorError, KeyError, RuntimeError) as exc:
+            raise FileNotFoundError(f"{best_path} is damaged ({str(exc).splitlines()[0]}); delete it to use the "
+                                    "run's last checkpoint instead") from None
     return agent
 
 

@@ -95,9 +95,18 @@ def _train(args: argparse.Namespace) -> TrainResult:
         if args.algo or args.env:
             _fail("--resume takes its algorithm and env from the run directory; drop ALGO and ENV")
         return api.resume(args.resume, progress=ProgressPrinter(), **settings)
-    if not (args.algo and args.env):
+    given = {"algo": args.algo, "env": args.env}
+    for key in given:  # a run's own config.yaml names both: they may fill in ALGO and ENV, or must agree with them
+        if key in settings:
+            value = settings.pop(key)
+            if given[key] is None:
+                given[key] = value
+            elif value != given[key]:
+                _fail(f"{key}={value!r} from --config or --set differs from {key.upper()} {given[key]!r} on the "
+                      "command line; drop one of them")
+    if not (given["algo"] and given["env"]):
         _fail("train needs ALGO and ENV, e.g. `jaderl train ppo jaderl/CartPole-v1`, or --resume RUN_DIR")
-    return api.train(args.algo, args.env, progress=ProgressPrinter(), **settings)
+    return api.train(given["algo"], given["env"], progress=ProgressPrinter(), **settings)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,6 +7,7 @@ import csv
 import io
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -280,6 +281,53 @@ def test_resume_with_the_runs_own_config_file(tmp_path: Path, capsys: pytest.Cap
     assert code == 0, err
     assert json.loads(out.splitlines()[-1])["steps"] == 384
     assert _metric_steps(run_dir) == [256, 384]
+
+
+def test_a_new_run_from_another_runs_config_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A run's config.yaml names its algo and env: they fill in ALGO and ENV, or must agree with them."""
+    first = tmp_path / "first"
+    code, _, err = _run(["train", "ppo", ENV, "--run-dir", str(first), "--total-steps", "128", *TINY], capsys)
+    assert code == 0, err
+    config = str(first / "config.yaml")
+    for i, argv in enumerate((["train", "--config", config], ["train", "ppo", ENV, "--config", config])):
+        code, out, err = _run([*argv, "--run-dir", str(tmp_path / f"again{i}"), "--total-steps", "128", "--json"],
+                              capsys)
+        assert code == 0, err
+        assert json.loads(out.splitlines()[-1])["steps"] == 128
+    before = _snapshot(tmp_path)
+    for argv, message in ((["train", "sac", "Pendulum-v1", "--config", config], "algo='ppo' from --config or --set "
+                           "differs from ALGO 'sac' on the command line; drop one of them"),
+                          (["train", "ppo", ENV, "--set", "env=Pendulum-v1"], "env='Pendulum-v1' from --config or "
+                           f"--set differs from ENV '{ENV}' on the command line; drop one of them")):
+        code, _, err = _run([*argv, "--run-dir", str(tmp_path / "refused")], capsys)
+        _assert_one_line_error(code, err)
+        assert err.strip() == f"jaderl: error: {message}"
+    assert _snapshot(tmp_path) == before
+
+
+def test_a_damaged_best_policy_is_one_line(trained_run: tuple[Path, dict[str, Any]], tmp_path: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    run_dir = tmp_path / "copy"
+    shutil.copytree(trained_run[0], run_dir)
+    best = run_dir / "best_policy.safetensors"
+    best.write_bytes(best.read_bytes()[:100])
+    code, out, err = _run(["eval", str(run_dir)], capsys)
+    _assert_one_line_error(code, err)
+    assert f"{best} is damaged" in err and "delete it to use the run's last checkpoint instead" in err
+    best.unlink()
+    code, out, err = _run(["eval", str(run_dir), "--episodes", "2"], capsys)
+    assert code == 0 and "over 2 episodes" in out, err
+
+
+def test_an_error_before_the_first_checkpoint_does_not_claim_one(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """A loss that becomes NaN at the first evaluation, before any checkpoint: nothing is kept, so it says so."""
+    code, _, err = _run(["train", "ppo", ENV, "--run-dir", str(tmp_path / "run"), "--total-steps", "512",
+                         "--checkpoint-every", "100000", *TINY, "--set", "lr=1e30"], capsys)
+    assert code == 1 and "Traceback" not in err and len(err.splitlines()) == 1, err
+    assert "became nan by step 256" in err
+    assert "no checkpoint had been written yet, so there is nothing to resume" in err
+    assert not (tmp_path / "run" / CHECKPOINT_JSON).exists()
 
 
 def test_a_full_disk_is_one_line_and_exit_1(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],

@@ -173,8 +173,8 @@ def _coerce(name: str, value: Any, hint: Any) -> Any:
     if hint is int and isinstance(value, float) and value.is_integer():
         return int(value)
     if hint is float and isinstance(value, (int, float)) and not isinstance(value, bool):
-        if math.isnan(value):
-            raise ConfigError(f"{name}=nan is invalid: expected a number")
+        if not math.isfinite(value):  # YAML reads .nan and .inf as floats
+            raise ConfigError(f"{name}={value} is invalid: expected a finite number")
         return float(value)
     if hint is str and isinstance(value, (str, os.PathLike)):  # run_dir may be a Path
         return os.fspath(value)

@@ -67,10 +67,17 @@ def test_bad_types_name_the_field(field: str, value: object) -> None:
         Config(**{field: value})
 
 
-@pytest.mark.parametrize("field", ["lr", "gamma", "reward_scale", "target_return", "time_limit"])
-def test_nan_is_rejected(field: str) -> None:
-    with pytest.raises(ConfigError, match=rf"^{field}=nan is invalid"):
-        Config(**{field: math.nan})
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
+@pytest.mark.parametrize("field", ["lr", "gamma", "reward_scale", "target_return", "time_limit", "max_grad_norm"])
+def test_nan_and_infinity_are_rejected(field: str, value: float) -> None:
+    with pytest.raises(ConfigError, match=rf"^{field}={value} is invalid: expected a finite number$"):
+        Config(**{field: value})
+
+
+def test_infinite_policy_settings_are_rejected_before_a_run_starts() -> None:
+    """An infinite initial log-std would fail only mid-run, blamed on the env's rewards."""
+    with pytest.raises(ConfigError, match=r"^log_std_init=inf is invalid"):
+        make_config("ppo", "jaderl/Pendulum-v1", log_std_init=parse_assignment("log_std_init=.inf")[1])
 
 
 @pytest.mark.parametrize(("cls", "field", "value", "accepted"), [
