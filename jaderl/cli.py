@@ -70,8 +70,8 @@ class ProgressPrinter:
 
     def __call__(self, info: dict[str, Any]) -> None:
         now = time.perf_counter()
-        if self.start_steps is None:
-            self.start, self.start_steps = now, info["steps"]
+        if self.start_steps is None:  # the rate is the run's steps over its training time (resumed runs too)
+            self.start, self.start_steps = now - info["time_s"], 0
         new_eval = info["eval_return"] != self.last_eval and not math.isnan(info["eval_return"])
         if not (new_eval or info["done"] or (self.live and now - self.last_print > 0.5)):
             return

@@ -369,3 +369,13 @@ def test_running_out_of_memory_is_one_line_and_exit_1(algo: str, error: str, adv
     monkeypatch.setattr("jaderl.api.train_loop", allocation_fails)
     code, _, err = _run(["train", algo, ENV, "--device", "cpu", "--run-dir", str(tmp_path / "run")], capsys)
     assert code == 1 and len(err.splitlines()) == 1 and err.startswith(f"jaderl: error: out of memory: {advice}")
+
+
+def test_the_first_progress_line_of_a_resumed_run_shows_its_rate(capsys: pytest.CaptureFixture[str]) -> None:
+    from jaderl.cli import ProgressPrinter
+
+    printer = ProgressPrinter()
+    printer({"steps": 20_480, "time_s": 2.0, "eval_return": 10.0, "best_eval_return": 10.0, "done": False})
+    line = capsys.readouterr().err
+    rate = int(line.split("|")[1].split()[0].replace(",", ""))
+    assert 9_000 < rate <= 10_240, line  # 20,480 steps in 2 s of training, not 0 steps/s
