@@ -197,8 +197,7 @@ class Agent:
 
     def load_policy_state_dict(self, tensors: dict[str, torch.Tensor]) -> None:
         for name in self._policy_names():
-            prefix = f"{name}."
-            own = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
+            own = {k.removeprefix(f"{name}."): v for k, v in tensors.items() if k.startswith(f"{name}.")}
             getattr(self, name).load_state_dict(own)
 
 

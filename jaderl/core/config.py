@@ -97,8 +97,7 @@ class Config:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Config:
         names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - names)
-        if unknown:
+        if unknown := sorted(set(data) - names):
             accepted = ", ".join(sorted(names))
             raise ConfigError(f"unknown field {unknown[0]!r} for {cls.__name__}; accepted fields: {accepted}")
         return cls(**data)
@@ -166,9 +165,7 @@ def _coerce(name: str, value: Any, hint: Any) -> Any:
         if isinstance(value, (list, tuple)) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
             return list(value)
         raise ConfigError(f"{name}={value!r} is invalid: expected a list of integers")
-    if hint is bool and isinstance(value, bool):
-        return value
-    if hint is int and isinstance(value, int) and not isinstance(value, bool):
+    if hint in (bool, int) and type(value) is hint:  # not isinstance: True is an int
         return value
     if hint is int and isinstance(value, float) and value.is_integer():
         return int(value)

@@ -25,6 +25,7 @@ from jaderl.core.checkpoint import CHECKPOINT_JSON, load_checkpoint, save_checkp
 from jaderl.core.config import Config, ConfigError
 from jaderl.core.evaluator import Evaluator
 from jaderl.envs import VecEnv, make_env
+from jaderl.interrupts import ForcedInterrupt, deferred_interrupt
 
 
 class TrainingError(RuntimeError):
@@ -134,12 +135,13 @@ def train(config: Config, agent_cls: type[Agent], resume: bool = False,
     stats: dict[str, torch.Tensor] = {}
     try:
         while not reason:
-            # 1. explore, store, update
-            traj = agent.explore(env, config.horizon)
-            buffer.add(traj)
-            stats = agent.update(buffer) or stats
-            if coordinator is not None:
-                coordinator.after_update(agent)
+            # 1. explore, store, update (a Ctrl-C waits for the step's end: no checkpoint holds half a step)
+            with deferred_interrupt():
+                traj = agent.explore(env, config.horizon)
+                buffer.add(traj)
+                stats = agent.update(buffer) or stats
+                if coordinator is not None:
+                    coordinator.after_update(agent)
             counters["time_s"] = time.perf_counter() - start
             # 2. decide whether to stop (the evaluation below may also stop it)
             reason = budget_reason(config, agent.steps, counters["time_s"], run_dir)
@@ -161,6 +163,8 @@ def train(config: Config, agent_cls: type[Agent], resume: bool = False,
             if progress is not None:
                 progress({"steps": agent.steps, "time_s": counters["time_s"], "eval_return": last_eval,
                           "best_eval_return": best_return(), "done": bool(reason)})
+    except ForcedInterrupt:  # a second Ctrl-C cut a step short: its state is not saved
+        raise
     except KeyboardInterrupt:
         counters["time_s"] = time.perf_counter() - start
         checkpoint()

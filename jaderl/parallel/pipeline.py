@@ -60,6 +60,7 @@ from jaderl.core.loop import (
     save_state,
 )
 from jaderl.envs import make_env
+from jaderl.interrupts import ForcedInterrupt, deferred_interrupt
 from jaderl.parallel.exits import describe_exit, exit_on_sigterm
 
 POLL_S = 0.5
@@ -398,10 +399,11 @@ def train_pipeline(config: Config, agent_cls: type[Agent], resume: bool = False,
         start = time.perf_counter() - counters["time_s"]
         while not reason:
             traj = pipeline.collect()
-            if not agent.on_policy:  # what explore() does in one process
-                agent.obs_norm.update(traj["obs"])
-            buffer.add(traj)
-            stats = agent.update(buffer) or stats
+            with deferred_interrupt():  # a Ctrl-C waits for the step's end: no checkpoint holds half a step
+                if not agent.on_policy:  # what explore() does in one process
+                    agent.obs_norm.update(traj["obs"])
+                buffer.add(traj)
+                stats = agent.update(buffer) or stats
             pipeline.publish()
             counters["time_s"] = time.perf_counter() - start
             reason = budget_reason(config, agent.steps, counters["time_s"], run_dir)
@@ -426,6 +428,8 @@ def train_pipeline(config: Config, agent_cls: type[Agent], resume: bool = False,
             if progress is not None:
                 progress({"steps": agent.steps, "time_s": counters["time_s"], "eval_return": last_eval,
                           "best_eval_return": pipeline.best_return, "done": bool(reason)})
+    except ForcedInterrupt:  # a second Ctrl-C cut a step short: its state is not saved
+        raise
     except KeyboardInterrupt:
         counters["time_s"] = time.perf_counter() - start
         checkpoint()
