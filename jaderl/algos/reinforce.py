@@ -67,7 +67,8 @@ class ReinforceConfig(Config):
     vf_coef: float = param(0.5, "value loss weight (with a baseline)", low=0.0)
     max_grad_norm: float = param(0.5, "clip gradient norm to this (0 disables)", low=0.0)
     normalize_advantages: bool = param(True, "standardise the advantages over each rollout")
-    log_std_init: float = param(-0.5, "initial log standard deviation of the Gaussian policy (continuous actions)")
+    log_std_init: float = param(-0.5, "initial log standard deviation of the Gaussian policy (continuous actions); "
+                                "without a baseline a wide policy learns where a narrow one may not (0.75 on Pendulum)")
 
     def validate(self) -> None:
         super().validate()
