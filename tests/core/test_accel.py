@@ -11,10 +11,11 @@ from typing import Any
 import pytest
 import torch
 
-from jaderl.accel import accelerate
+from jaderl.accel import Tanh, accelerate
 from jaderl.algos import PPO, SAC
 from jaderl.api import make_config, train
 from jaderl.core.agent import Agent
+from jaderl.core.nets import mlp
 from jaderl.envs import make_env
 
 
@@ -133,3 +134,22 @@ def test_training_with_compile_runs(tmp_path: Path, tiny_ppo: Any) -> None:
         result = train("ppo", "jaderl/CartPole-v1", run_dir=str(tmp_path / "run"), compile=True, **tiny_ppo())
     assert result.steps == 512 and result.stop_reason == "total_steps"
     assert not [str(w.message) for w in caught if "torch.compile failed" in str(w.message)]  # it compiled
+
+
+# --- the CPU tanh ---
+
+def test_cpu_tanh_matches_torch_tanh_in_value_and_gradient() -> None:
+    x = torch.linspace(-12.0, 12.0, 200_001, requires_grad=True)
+    y = Tanh()(x)
+    assert (y - torch.tanh(x)).abs().max() <= 2e-7
+    (grad,) = torch.autograd.grad(y.sum(), x)
+    assert torch.allclose(grad, 1 - y.detach().square(), rtol=0, atol=1e-7)  # the derivative, from the output
+    x64 = x.detach().double()
+    assert torch.equal(Tanh()(x64), torch.tanh(x64))  # other dtypes (and devices) take torch.tanh
+
+
+def test_on_policy_networks_use_the_cpu_tanh() -> None:
+    assert isinstance(mlp([3, 8, 1])[1], torch.nn.ReLU)  # (nn.Tanh becomes Tanh: tests/core/test_nets.py)
+    agent, _ = _agent(PPO, "ppo", "jaderl/Pendulum-v1", False)
+    assert any(isinstance(m, Tanh) for m in agent.actor.modules())
+    assert any(isinstance(m, Tanh) for m in agent.critic.modules())
