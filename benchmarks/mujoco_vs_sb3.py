@@ -62,6 +62,7 @@ def run_sb3(algo: str, env: str, seed: int, steps: int, warmup: int) -> dict[str
     import torch
     from stable_baselines3 import SAC, TD3
     from stable_baselines3.common.evaluation import evaluate_policy
+    from stable_baselines3.common.logger import Logger
     from stable_baselines3.common.noise import NormalActionNoise
 
     torch.set_num_threads(1)
@@ -72,6 +73,7 @@ def run_sb3(algo: str, env: str, seed: int, steps: int, warmup: int) -> dict[str
         dim = train_env.action_space.shape[0]
         kwargs["action_noise"] = NormalActionNoise(np.zeros(dim), TD3_NOISE * np.ones(dim))
     model = (SAC if algo == "sac" else TD3)("MlpPolicy", train_env, **kwargs)
+    model.set_logger(Logger(None, []))  # no output (SB3's default logger also leaves an empty folder in /tmp)
     model.learn(steps)
     eval_env = gym.make(env)
     eval_env.reset(seed=seed + 1)

@@ -360,11 +360,13 @@ def _worker_ppo_sb3(p: dict[str, Any]) -> dict[str, Any]:
     import torch
     from stable_baselines3 import PPO
     from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.logger import Logger
 
     env = make_vec_env("Pendulum-v1", n_envs=p["envs"], seed=0)  # a DummyVecEnv
     model = PPO("MlpPolicy", env, n_steps=p["horizon"], batch_size=p["minibatch"], n_epochs=p["epochs"],
                 max_grad_norm=0.5, device="cpu", seed=0, verbose=0,
                 policy_kwargs={"net_arch": {"pi": [64, 64], "vf": [64, 64]}, "activation_fn": torch.nn.Tanh})
+    model.set_logger(Logger(None, []))  # no output (SB3's default logger also leaves an empty folder in /tmp)
     batch = p["horizon"] * p["envs"]
     model.learn(total_timesteps=p["warmup"] * batch)
     steps_before = model.num_timesteps
@@ -435,11 +437,11 @@ def _repeat(run: Callable[[], Any], count: int, repeats: int, device: str) -> di
 def _worker_sac_sb3(p: dict[str, Any]) -> dict[str, Any]:
     import numpy as np
     from stable_baselines3 import SAC
-    from stable_baselines3.common.logger import configure
+    from stable_baselines3.common.logger import Logger
 
     model = SAC("MlpPolicy", p["env"], batch_size=256, buffer_size=p["fill"], learning_starts=0, device="cpu",
                 seed=0, policy_kwargs={"net_arch": [256, 256]})
-    model.set_logger(configure(None, [""]))
+    model.set_logger(Logger(None, []))  # no output (SB3's default logger also leaves an empty folder in /tmp)
     rb, n, rng = model.replay_buffer, p["fill"], np.random.default_rng(0)
     rb.observations[:] = rng.standard_normal(rb.observations.shape).astype(rb.observations.dtype)
     rb.next_observations[:] = rng.standard_normal(rb.next_observations.shape).astype(rb.next_observations.dtype)

@@ -345,6 +345,7 @@ def run_sb3(spec: RunSpec) -> RunResult:
     from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.env_util import make_vec_env
     from stable_baselines3.common.evaluation import evaluate_policy
+    from stable_baselines3.common.logger import Logger
     from stable_baselines3.common.vec_env import VecEnv
 
     if spec.sb3_threads is not None:
@@ -386,6 +387,7 @@ def run_sb3(spec: RunSpec) -> RunResult:
     setup_clock = time.perf_counter()
     eval_env = make_vec_env(task.sb3_env, n_envs=EVAL_EPISODES, seed=spec.seed + 1)
     model = make_sb3_model(task, spec)
+    model.set_logger(Logger(None, []))  # no output (SB3's default logger also leaves an empty folder in /tmp)
     callback = EvalUntilTarget(eval_env)
     callback.start = time.perf_counter()
     model.learn(total_timesteps=spec.steps, callback=callback)
