@@ -37,14 +37,18 @@ Sections
               [64, 64] with tanh, rollouts of ``--ppo-horizon`` steps per env, minibatches of
               ``--ppo-minibatch``, ``--ppo-epochs`` epochs, gradient clipping at 0.5. Each library runs in its own
               subprocess with one torch thread, for at least 5 x ``--min-time`` seconds. Target: jaderl >= 10x SB3
-              on the CPU; >= 2M samples/s on a GPU.
+              on the CPU; >= 2M samples/s on a GPU. On the CPU a last row times the matrix products of
+              an iteration alone (acting, and each minibatch's forward and backward pass of actor and critic, each
+              product into a preallocated output): a ceiling for any implementation of the same arithmetic.
     sac       SAC gradient updates per second: critics, actor and entropy coefficient, twin critics and actor of
               [256, 256], batch 256, on the observation and action sizes of ``--sac-env`` (HalfCheetah-v5 by
               default, Pendulum-v1 when MuJoCo is missing), from a replay buffer pre-filled with ``--sac-fill``
               random transitions; only the update loop is timed (after warm-up updates). jaderl: ``update_once``
               on uniform batches drawn from its ``ReplayBuffer``, exactly what ``update`` runs per owed gradient
               step. SB3: ``model.train(gradient_steps=..., batch_size=256)`` on its filled ``ReplayBuffer``. Each in
-              its own subprocess, one torch thread, median of ``--repeats`` timings. Target: jaderl >= 2x SB3.
+              its own subprocess, one torch thread, median of ``--repeats`` timings. Target: jaderl >= 2x SB3. On the
+              CPU a last row times the update's matrix products alone (target, critics' forward and backward pass,
+              actor's pass through the frozen critics): a ceiling for any implementation of the same arithmetic.
     pipeline  PPO training env-steps/s on ``--env`` (a Gymnasium env stepped in Python) in one process with
               ``--num-envs`` sub-envs against ``jaderl.parallel.pipeline`` with ``--workers`` explorer processes of
               ``--num-envs / --workers`` sub-envs each (same rollout size), training time only, median of
@@ -58,6 +62,7 @@ Sections
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import platform
@@ -454,9 +459,101 @@ def _worker_sac_sb3(p: dict[str, Any]) -> dict[str, Any]:
     return _repeat(lambda: model.train(gradient_steps=p["updates"], batch_size=256), p["updates"], p["repeats"], "cpu")
 
 
+# -- floors: the matrix products alone ------------------------------------------------------------------------------
+# A shape (E, m, k, n) is E independent [m, k] x [k, n] products (E > 1: one batched call, as twin critics are).
+
+
+def _mlp_products(batch: int, sizes: list[int], members: int = 1, weight_grads: bool = True,
+                  input_grad: bool = False) -> tuple[list[tuple[int, ...]], list[tuple[int, ...]]]:
+    """The products of an MLP's forward pass and of its backward pass on ``batch`` rows: weight gradients unless
+    ``weight_grads`` is false (a frozen critic), hidden-activation gradients always, the input's only if
+    ``input_grad``."""
+    layers = list(itertools.pairwise(sizes))
+    forward = [(members, batch, i, o) for i, o in layers]
+    backward: list[tuple[int, ...]] = []
+    for index, (i, o) in enumerate(reversed(layers)):
+        if weight_grads:
+            backward.append((members, i, batch, o))  # dW = x^T dy
+        if index < len(layers) - 1 or input_grad:
+            backward.append((members, batch, o, i))  # dx = dy W^T
+    return forward, backward
+
+
+def _ppo_products(p: dict[str, Any]) -> tuple[list[tuple[int, ...]], int]:
+    """The products of one PPO iteration (acting on the rollout, then every minibatch's forward and backward pass of
+    actor and critic) and its samples; the value and log-probability passes before the epochs are left out."""
+    obs, act, hidden, batch = 3, 1, [64, 64], p["minibatch"]
+    rollout = p["envs"] * p["horizon"]
+    acting, _ = _mlp_products(p["envs"], [obs, *hidden, act])
+    minibatch: list[tuple[int, ...]] = []
+    for out in (act, 1):  # actor (mean; the log std is a parameter), critic
+        forward, backward = _mlp_products(batch, [obs, *hidden, out])
+        minibatch += forward + backward
+    return acting * p["horizon"] + minibatch * (p["epochs"] * (rollout // batch)), rollout
+
+
+def _sac_products(p: dict[str, Any]) -> list[tuple[int, ...]]:
+    """The products of one SAC update on a batch of 256 with twin [256, 256] critics and a [256, 256] actor: the
+    target (actor on s', target critics), the critics' loss (forward and backward) and the actor's loss (actor, the
+    critics as constants, gradients back through them to the action, then through the actor)."""
+    obs, act = _sac_sizes(p["env"])
+    batch, hidden = 256, [256, 256]
+    actor, critic = [obs, *hidden, 2 * act], [obs + act, *hidden, 1]
+    actor_fwd, actor_bwd = _mlp_products(batch, actor)
+    critic_fwd, critic_bwd = _mlp_products(batch, critic, members=2)
+    _, through_critic = _mlp_products(batch, critic, members=2, weight_grads=False, input_grad=True)
+    return actor_fwd + critic_fwd + critic_fwd + critic_bwd + actor_fwd + critic_fwd + through_critic + actor_bwd
+
+
+def _time_products(shapes: list[tuple[int, ...]], repeats: int, min_time: float) -> float:
+    """Median seconds for running every product of ``shapes`` once, each into a preallocated output (no allocation,
+    no autograd, nothing but the products)."""
+    import torch
+
+    gen = torch.Generator().manual_seed(0)
+    calls = []
+    for e, m, k, n in shapes:
+        a, b = torch.randn(e, m, k, generator=gen), torch.randn(e, k, n, generator=gen)
+        out = torch.empty(e, m, n)
+        calls.append((a[0], b[0], out[0], torch.mm) if e == 1 else (a, b, out, torch.bmm))
+
+    def run() -> None:
+        for a, b, out, op in calls:
+            op(a, b, out=out)
+
+    for _ in range(3):
+        run()
+    count, start = 0, time.perf_counter()
+    while time.perf_counter() - start < min_time / 4:
+        run()
+        count += 1
+    count = max(1, int(count * 4))
+    timings = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(count):
+            run()
+        timings.append((time.perf_counter() - start) / count)
+    return statistics.median(timings)
+
+
+def _worker_ppo_floor(p: dict[str, Any]) -> dict[str, Any]:
+    shapes, samples = _ppo_products(p)
+    seconds = _time_products(shapes, 5, p["min_time"])
+    flops = sum(2 * e * m * k * n for e, m, k, n in shapes)
+    return {"rate": samples / seconds, "cpu_rate": samples / seconds, "gflops": flops / seconds / 1e9}
+
+
+def _worker_sac_floor(p: dict[str, Any]) -> dict[str, Any]:
+    shapes = _sac_products(p)
+    seconds = _time_products(shapes, 5, 2.0)
+    flops = sum(2 * e * m * k * n for e, m, k, n in shapes)
+    return {"rate": 1 / seconds, "cpu_rate": 1 / seconds, "gflops": flops / seconds / 1e9}
+
+
 WORKERS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
-    "ppo-jaderl": _worker_ppo_jaderl, "ppo-sb3": _worker_ppo_sb3,
-    "sac-jaderl": _worker_sac_jaderl, "sac-sb3": _worker_sac_sb3,
+    "ppo-jaderl": _worker_ppo_jaderl, "ppo-sb3": _worker_ppo_sb3, "ppo-floor": _worker_ppo_floor,
+    "sac-jaderl": _worker_sac_jaderl, "sac-sb3": _worker_sac_sb3, "sac-floor": _worker_sac_floor,
 }
 
 
@@ -509,6 +606,9 @@ def section_ppo(args: argparse.Namespace) -> None:
                      _run_worker("ppo-jaderl", {**common, "device": args.device, "compile": compile_})))
     rows.append(("SB3", f"PPO, Gymnasium `Pendulum-v1` x {args.ppo_envs} (DummyVecEnv, cpu)",
                  _run_worker("ppo-sb3", common)))
+    if args.device == "cpu":
+        rows.append((FLOOR, "the acting and minibatch matrix products of an iteration, nothing else",
+                     _run_worker("ppo-floor", {**common, "min_time": 1.0 if args.quick else args.min_time})))
     notes = [f"rollout {args.ppo_horizon} steps x {args.ppo_envs} envs = {args.ppo_horizon * args.ppo_envs:,} "
              f"samples per iteration, minibatch {args.ppo_minibatch}, {args.ppo_epochs} epochs, actor and critic "
              "[64, 64] tanh; one torch thread per library; setup and one warm-up iteration not timed"]
@@ -519,6 +619,7 @@ def section_ppo(args: argparse.Namespace) -> None:
     if "jaderl" in rates and "SB3" in rates:
         ratio = rates["jaderl"] / rates["SB3"]
         print(f"jaderl / SB3: {ratio:.1f}x (target >= 10x): {'PASS' if ratio >= 10 else 'FAIL'}")
+    _print_floor(rows, rates, "samples/s", 10)
     if args.device != "cpu" and "jaderl" in rates:
         print(f"jaderl on {args.device}: {_si(rates['jaderl'])} samples/s (target >= 2M on a GPU): "
               f"{'PASS' if rates['jaderl'] >= 2e6 else 'FAIL'}")
@@ -542,6 +643,8 @@ def section_sac(args: argparse.Namespace) -> None:
         rows.append((name, f"SAC, {args.device}",
                      _run_worker("sac-jaderl", {**common, "device": args.device, "compile": compile_})))
     rows.append(("SB3", "SAC, cpu", _run_worker("sac-sb3", common)))
+    if args.device == "cpu":
+        rows.append((FLOOR, "the matrix products of an update, nothing else", _run_worker("sac-floor", common)))
     notes.append(f"{env_id} sizes (obs {obs_dim}, action {act_dim}); actor and twin critics [256, 256], batch 256, "
                  f"buffer of {fill:,} random transitions; {common['updates']} updates per timing, median of "
                  f"{common['repeats']}; one torch thread per library")
@@ -552,7 +655,24 @@ def section_sac(args: argparse.Namespace) -> None:
     if "jaderl" in rates and "SB3" in rates:
         ratio = rates["jaderl"] / rates["SB3"]
         print(f"jaderl / SB3: {ratio:.2f}x (target >= 2x): {'PASS' if ratio >= 2 else 'FAIL'}")
+    _print_floor(rows, rates, "updates/s", 2)
     print(f"load average (1 min) at end: {_load():.2f}")
+
+
+FLOOR = "matrix products only"
+
+
+def _print_floor(rows: list[tuple[str, str, dict[str, Any]]], rates: dict[str, float], unit: str,
+                 target: float) -> None:
+    """The ceiling the matrix products set: no implementation of the same arithmetic on this CPU thread is faster
+    than they are alone, so (floor rate / SB3's rate) bounds every jaderl / SB3 ratio on this machine."""
+    if FLOOR not in rates or "SB3" not in rates:
+        return
+    gflops = next(result["gflops"] for name, _, result in rows if name == FLOOR)
+    ceiling = rates[FLOOR] / rates["SB3"]
+    reach = "within reach only with almost nothing but the products" if ceiling >= target else "out of reach"
+    print(f"ceiling: the matrix products alone run at {rates[FLOOR]:,.0f} {unit} ({gflops:,.0f} GFLOP/s) = "
+          f"{ceiling:.1f}x SB3, so the {target:g}x target is {reach} on this CPU with the same arithmetic")
 
 
 # -- section: pipeline ---------------------------------------------------------------------------------------------
