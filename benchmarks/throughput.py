@@ -39,7 +39,7 @@ Sections
               subprocess with one torch thread, for at least 5 x ``--min-time`` seconds. Target: jaderl >= 10x SB3
               on the CPU; >= 2M samples/s on a GPU. On the CPU a last row times the matrix products of
               an iteration alone (acting, and each minibatch's forward and backward pass of actor and critic, each
-              product into a preallocated output): a ceiling for any implementation of the same arithmetic.
+              product into a preallocated output): the ceiling of that arithmetic in PyTorch's float32 kernels.
     sac       SAC gradient updates per second: critics, actor and entropy coefficient, twin critics and actor of
               [256, 256], batch 256, on the observation and action sizes of ``--sac-env`` (HalfCheetah-v5 by
               default, Pendulum-v1 when MuJoCo is missing), from a replay buffer pre-filled with ``--sac-fill``
@@ -48,7 +48,7 @@ Sections
               step. SB3: ``model.train(gradient_steps=..., batch_size=256)`` on its filled ``ReplayBuffer``. Each in
               its own subprocess, one torch thread, median of ``--repeats`` timings. Target: jaderl >= 2x SB3. On the
               CPU a last row times the update's matrix products alone (target, critics' forward and backward pass,
-              actor's pass through the frozen critics): a ceiling for any implementation of the same arithmetic.
+              actor's pass through the frozen critics): the ceiling of that arithmetic in PyTorch's float32 kernels.
     pipeline  PPO training env-steps/s on ``--env`` (a Gymnasium env stepped in Python) in one process with
               ``--num-envs`` sub-envs against ``jaderl.parallel.pipeline`` with ``--workers`` explorer processes of
               ``--num-envs / --workers`` sub-envs each (same rollout size), training time only, median of
@@ -664,8 +664,9 @@ FLOOR = "matrix products only"
 
 def _print_floor(rows: list[tuple[str, str, dict[str, Any]]], rates: dict[str, float], unit: str,
                  target: float) -> None:
-    """The ceiling the matrix products set: no implementation of the same arithmetic on this CPU thread is faster
-    than they are alone, so (floor rate / SB3's rate) bounds every jaderl / SB3 ratio on this machine."""
+    """The ceiling the matrix products set: an implementation of the same arithmetic with PyTorch's float32 kernels on
+    this CPU thread is not faster than they are alone (each timed as its own call), so (floor rate / SB3's rate)
+    bounds the jaderl / SB3 ratio on this machine."""
     if FLOOR not in rates or "SB3" not in rates:
         return
     gflops = next(result["gflops"] for name, _, result in rows if name == FLOOR)
