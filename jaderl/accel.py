@@ -19,6 +19,9 @@ Eager mode is sped up as well: :class:`Tanh`, the hidden activation of the on-po
 with ``nn.Tanh``), computes tanh on the CPU as 2 sigmoid(2x) - 1, which PyTorch's CPU kernels run several times faster
 than their tanh; the value differs by about 1e-7 at most and the derivative is the exact 1 - tanh^2.
 
+``precision=bfloat16`` (:func:`mixed_precision`, also applied by :func:`accelerate`) runs the hidden layers of every
+network in bfloat16 and everything else in float32.
+
 Whether compiling pays depends on the device and the network size: it removes Python and kernel-launch overhead,
 which dominates small networks (on GPU always; on a CPU for networks of a few dozen units, like PPO's [64, 64]),
 while for networks of a few hundred units on a CPU the matrix products dominate and compiled code can even be
@@ -28,16 +31,19 @@ slower (SAC's [256, 256]); the ppo and sac sections of ``benchmarks/throughput.p
 from __future__ import annotations
 
 import functools
+import itertools
+import types
 import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch import nn
 
 if TYPE_CHECKING:
     from jaderl.core.agent import Agent
 
-__all__ = ["Tanh", "accelerate", "compiled_mode"]
+__all__ = ["Tanh", "accelerate", "compiled_mode", "mixed_precision"]
 
 
 class _SigmoidTanh(torch.autograd.Function):
@@ -57,13 +63,14 @@ class _SigmoidTanh(torch.autograd.Function):
 
 class Tanh(torch.nn.Module):
     """``nn.Tanh`` that is faster on the CPU: float32 tensors there take 2 sigmoid(2x) - 1 (about 3x faster than
-    ``torch.tanh`` on one AVX-512 core for a 2048 x 64 batch; at most about 1e-7 apart); other devices and dtypes,
-    and code being compiled (Inductor writes its own tanh), take ``torch.tanh``."""
+    ``torch.tanh`` on one AVX-512 core for a 2048 x 64 batch; at most about 1e-7 apart), and so do bfloat16 ones (the
+    output of a mixed-precision layer), in float32; other devices and dtypes, and code being compiled (Inductor
+    writes its own tanh), take ``torch.tanh``."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.device.type != "cpu" or x.dtype != torch.float32 or torch.compiler.is_compiling():
+        if x.device.type != "cpu" or x.dtype not in (torch.float32, torch.bfloat16) or torch.compiler.is_compiling():
             return torch.tanh(x)
-        return _SigmoidTanh.apply(x)
+        return _SigmoidTanh.apply(x.float())  # bfloat16 (a mixed-precision layer's output): faster in float32
 
 
 def compiled_mode(device: torch.device) -> str | None:
@@ -74,10 +81,12 @@ def compiled_mode(device: torch.device) -> str | None:
 def accelerate(agent: Agent) -> bool:
     """Compile ``agent``'s ``compiled_methods`` in place when ``agent.config.compile`` is true.
 
-    Returns whether compiled versions were installed (False when compiling is off or torch cannot compile here;
-    the latter with a warning). Compilation itself happens at the first call of each function, and a failure
-    then falls back to eager mode as the module docstring describes.
+    Also applies :func:`mixed_precision` (``agent.config.precision``). Returns whether compiled versions were
+    installed (False when compiling is off or torch cannot compile here; the latter with a warning). Compilation
+    itself happens at the first call of each function, and a failure then falls back to eager mode as the module
+    docstring describes.
     """
+    mixed_precision(agent)
     if not getattr(agent.config, "compile", False):
         return False
     if not hasattr(torch, "compile") or not torch._dynamo.is_dynamo_supported():
@@ -161,3 +170,78 @@ def _copy_out(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: _copy_out(v) for k, v in value.items()}
     return value
+
+
+def mixed_precision(agent: Agent) -> bool:
+    """Make the hidden layers of ``agent``'s networks compute in bfloat16 when ``agent.config.precision`` says so.
+
+    A hidden layer (a linear, convolutional or ensemble layer whose output goes through an activation) runs under
+    ``torch.autocast`` in bfloat16, its forward and backward matrix products included, and hands bfloat16 activations
+    on: every layer of an MLP but its first and its last, and every layer of the image encoder (pixels have 8 bits).
+    A network's first layer reads observations and actions in float32, as they come (1234.5 would be 1232 in
+    bfloat16). Output layers (policy means and logits, values, Q-values) take float32 inputs and compute in float32,
+    and so does every loss: only hidden activations lose precision (8 bits of mantissa). Parameters, gradients,
+    optimizer state and checkpoints stay float32, and state-dict keys do not change, so a run can resume in the
+    other precision. Pays where bfloat16 matrix products are fast: GPUs with bfloat16 tensor cores and CPUs with
+    AVX-512 BF16 or AMX; on other CPUs they are emulated and slower. Returns whether anything was changed.
+    """
+    if getattr(agent.config, "precision", "float32") != "bfloat16":
+        return False
+    if agent.device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        from jaderl.core.config import ConfigError
+
+        raise ConfigError(f"precision=bfloat16 needs a GPU with bfloat16 support, which {agent.device} lacks; "
+                          "use precision=float32")
+    _convert_layers(agent)
+    return True
+
+
+def _convert_layers(agent: Agent) -> None:
+    """Install the forwards of :func:`mixed_precision` on the layers of ``agent``'s networks; a layer converted
+    already is left as it is."""
+    from jaderl.core.nets import EnsembleLinear, NatureCNN, QNet
+
+    layer_types = (nn.Linear, nn.Conv2d, EnsembleLinear)
+    roots = [m for m in vars(agent).values() if isinstance(m, nn.Module)]
+    modules = {id(m): m for root in roots for m in root.modules()}.values()  # each once, shared ones included
+    hidden: set[int] = set()
+    inputs: set[int] = set()
+    pixels: set[int] = set()
+    for container in modules:
+        children = list(container.children())
+        if isinstance(container, nn.Sequential):  # a layer followed by an activation (or a Flatten) is hidden
+            hidden.update(id(a) for a, b in itertools.pairwise(children)
+                          if isinstance(a, layer_types) and not isinstance(b, layer_types))
+        elif isinstance(container, nn.ModuleList):  # EnsembleQ's layers: all but the output layer
+            hidden.update(id(a) for a in children[:-1] if isinstance(a, layer_types))
+        if isinstance(container, QNet):  # its body's layers are all hidden (the heads are separate modules)
+            hidden.update(id(a) for a in container.body)
+        if isinstance(container, nn.Sequential | nn.ModuleList) and children:
+            inputs.add(id(children[0]))  # a network's first layer reads observations and actions in float32 ...
+        if isinstance(container, NatureCNN):  # ... but images are 8-bit: the whole encoder computes in bfloat16
+            pixels.update(id(m) for m in container.modules())
+    for module in modules:  # instance-level forwards: copy.deepcopy (target networks) rebinds them to the copy
+        if "forward" in vars(module):
+            continue  # converted already
+        if id(module) in hidden and (id(module) not in inputs or id(module) in pixels):
+            module.forward = types.MethodType(_bfloat16_forward, module)
+        elif isinstance(module, layer_types):
+            module.forward = types.MethodType(_float32_forward, module)
+        elif isinstance(module, NatureCNN):  # its features reach other code in float32
+            module.forward = types.MethodType(_float32_output_forward, module)
+
+
+def _bfloat16_forward(self: nn.Module, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    """A hidden layer's forward under autocast: bfloat16 products, bfloat16 output."""
+    with torch.autocast(x.device.type, dtype=torch.bfloat16):
+        return type(self).forward(self, x, *args, **kwargs)
+
+
+def _float32_forward(self: nn.Module, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    """A float32 layer's forward on float32 inputs (its input may be a hidden layer's bfloat16 activations)."""
+    return type(self).forward(self, x.float(), *args, **kwargs)
+
+
+def _float32_output_forward(self: nn.Module, *args: Any, **kwargs: Any) -> torch.Tensor:
+    """A network's forward with its output in float32 (an encoder whose last layer is hidden)."""
+    return type(self).forward(self, *args, **kwargs).float()

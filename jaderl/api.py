@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from jaderl.accel import mixed_precision
 from jaderl.algos import ALGOS
 from jaderl.core.agent import Agent
 from jaderl.core.checkpoint import CHECKPOINT_JSON, load_checkpoint
@@ -94,7 +95,7 @@ def _memory_advice(config: Config, exc: RuntimeError) -> str:
 
 
 RESUME_SETTINGS = ("total_steps", "time_limit", "target_return", "eval_every", "eval_episodes", "checkpoint_every",
-                   "device", "num_threads", "compile", "env_workers")
+                   "device", "num_threads", "compile", "precision", "env_workers")
 """The settings a resumed run may change: budgets, evaluation and checkpoint cadence, and where and how it runs.
 Every other setting shaped the checkpoint's networks, optimizer states or replay buffer, or is kept inside them
 (a learning rate lives in the optimizer's state), so changing it means a new run."""
@@ -149,6 +150,7 @@ def load(run_dir: str | Path, best: bool = True, device: str = "cpu") -> Agent:
     env = make_env(config.env, 1, resolve_device(device))
     agent = ALGOS[config.algo].agent_cls(config, env, resolve_device(device))
     env.close()
+    mixed_precision(agent)  # the networks compute as they did in training (config.precision)
     agent.load_state_dict(load_checkpoint(run_dir, part="agent"))  # not the replay buffer
     best_path = Path(run_dir) / BEST_POLICY
     if best and best_path.exists():

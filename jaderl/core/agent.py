@@ -43,8 +43,7 @@ class Agent:
         self.config, self.device = config, device
         self.num_envs, self.obs_shape = env.num_envs, env.obs_shape
         self.is_discrete, self.action_dim = env.is_discrete, env.action_dim
-        self.obs_dim = math.prod(self.obs_shape)
-        self.is_image = len(self.obs_shape) == 3
+        self.obs_dim, self.is_image = math.prod(self.obs_shape), len(self.obs_shape) == 3
         try:
             self.encoder: NatureCNN | None = NatureCNN(self.obs_shape).to(device) if self.is_image else None
         except ValueError as exc:  # an observation the CNN cannot read: a problem of the env, said in one sentence

@@ -181,11 +181,9 @@ def gae(reward: torch.Tensor, value: torch.Tensor, next_value: torch.Tensor, ter
     step bootstraps from its real final state, while a terminated step does not bootstrap at all. The
     recursion stops at every episode end (terminated or truncated). Returns (advantages, value targets).
     """
-    not_terminated = (~terminated).to(value.dtype)
-    not_done = (~(terminated | truncated)).to(value.dtype)
+    not_terminated, not_done = (~terminated).to(value.dtype), (~(terminated | truncated)).to(value.dtype)
     delta = reward + gamma * not_terminated * next_value - value  # (T, N)
-    advantages = torch.empty_like(value)
-    last = torch.zeros_like(value[0])
+    advantages, last = torch.empty_like(value), torch.zeros_like(value[0])
     for t in range(reward.shape[0] - 1, -1, -1):  # over time only; every sub-env at once
         last = delta[t] + gamma * lam * not_done[t] * last
         advantages[t] = last

@@ -68,6 +68,8 @@ class Config:
     learners: int = param(1, "learner processes averaging their gradients with torch.distributed (DDP)", low=1)
     compile: bool = param(False, "torch.compile the act and update functions (CUDA graphs on GPU); falls back to "
                           "eager mode where compilation is unavailable")
+    precision: str = param("float32", "float32, or bfloat16: hidden layers compute in bfloat16 (mixed precision; "
+                           "parameters, optimizer state, output layers and losses stay float32)")
 
     def __post_init__(self) -> None:
         hints = typing.get_type_hints(type(self))
@@ -89,6 +91,8 @@ class Config:
             raise ConfigError(f"hidden={self.hidden} is invalid: give one or more positive layer sizes")
         if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device):
             raise ConfigError(f"device={self.device!r} is invalid: use auto, cpu, cuda or cuda:N")
+        if self.precision not in ("float32", "bfloat16"):
+            raise ConfigError(f"precision={self.precision!r} is invalid: use float32 or bfloat16")
 
     # --- dict / YAML round trip ---
     def to_dict(self) -> dict[str, Any]:

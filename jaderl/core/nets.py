@@ -111,8 +111,7 @@ class TanhGaussianActor(nn.Module):
     def sample(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Reparameterised action (B, action_dim) and its log-probability (B,)."""
         mean, log_std = self.net(obs).chunk(2, -1)
-        log_std = log_std.clamp(-5.0, 2.0)
-        noise = torch.randn_like(mean)
+        log_std, noise = log_std.clamp(-5.0, 2.0), torch.randn_like(mean)
         u = mean + log_std.exp() * noise
         # log N(u) - log|d tanh(u)/du| with (u - mean) / std = noise, the Jacobian term written stably as
         # 2(log 2 - u - softplus(-2u))
@@ -150,8 +149,7 @@ class EnsembleQ(nn.Module):
 
     def __init__(self, obs_dim: int, action_dim: int, hidden: Sequence[int], num: int = 2, num_outputs: int = 1):
         super().__init__()
-        sizes = [obs_dim + action_dim, *hidden, num_outputs]
-        self.num = num
+        sizes, self.num = [obs_dim + action_dim, *hidden, num_outputs], num
         self.layers = nn.ModuleList(EnsembleLinear(num, sizes[i], sizes[i + 1]) for i in range(len(sizes) - 1))
 
     def forward(self, obs: torch.Tensor, action: torch.Tensor | None = None,
@@ -230,8 +228,7 @@ class NatureCNN(nn.Module):
         super().__init__()
         if len(obs_shape) != 3:
             raise ValueError(f"NatureCNN takes images of 3 dimensions, not observations of shape {tuple(obs_shape)}")
-        self.obs_shape = tuple(obs_shape)
-        self.channels_last = obs_shape[2] < obs_shape[0]
+        self.obs_shape, self.channels_last = tuple(obs_shape), obs_shape[2] < obs_shape[0]
         channels, height, width = (obs_shape[2], *obs_shape[:2]) if self.channels_last else tuple(obs_shape)
         if min(height, width) < 36:  # the smallest input the three strided convolutions leave a pixel of
             raise ValueError(f"NatureCNN needs images of at least 36x36 pixels, got {height}x{width}")
@@ -239,8 +236,7 @@ class NatureCNN(nn.Module):
                                   nn.ReLU(), nn.Conv2d(64, 64, 3, stride=1), nn.ReLU(), nn.Flatten())
         with torch.no_grad():
             conv_dim = self.conv(torch.zeros(1, channels, height, width)).shape[1]
-        self.linear = nn.Sequential(nn.Linear(conv_dim, out_dim), nn.ReLU())
-        self.out_dim = out_dim
+        self.linear, self.out_dim = nn.Sequential(nn.Linear(conv_dim, out_dim), nn.ReLU()), out_dim
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         lead = obs.shape[:obs.dim() - 3]

@@ -21,7 +21,7 @@ from jaderl.envs import make_env
 
 def _agent(cls: type[Agent], algo: str, env_id: str, compile_: bool, **settings: Any) -> tuple[Agent, Any]:
     torch.manual_seed(0)
-    config = make_config(algo, env_id, hidden=[16, 16], compile=compile_, **settings)
+    config = make_config(algo, env_id, compile=compile_, **{"hidden": [16, 16], **settings})
     env = make_env(env_id, 4, "cpu", seed=0)
     agent = cls(config, env, torch.device("cpu"))
     buffer = agent.make_buffer()
@@ -153,3 +153,85 @@ def test_on_policy_networks_use_the_cpu_tanh() -> None:
     agent, _ = _agent(PPO, "ppo", "jaderl/Pendulum-v1", False)
     assert any(isinstance(m, Tanh) for m in agent.actor.modules())
     assert any(isinstance(m, Tanh) for m in agent.critic.modules())
+
+
+# --- mixed precision (precision=bfloat16) ---
+
+def _output_dtypes(module: torch.nn.Module, run: Any) -> dict[str, torch.dtype]:
+    """The dtype each linear-like layer of ``module`` outputs while ``run()`` executes."""
+    dtypes: dict[str, torch.dtype] = {}
+
+    def record(name: str) -> Any:
+        return lambda layer, args, out: dtypes.update({name: out.dtype})  # returns None: the output is kept
+
+    handles = [m.register_forward_hook(record(name))
+               for name, m in module.named_modules() if not list(m.children()) and hasattr(m, "weight")]
+    run()
+    for handle in handles:
+        handle.remove()
+    return dtypes
+
+
+def test_bfloat16_runs_hidden_layers_in_bfloat16_and_keeps_inputs_outputs_and_losses_float32() -> None:
+    fp32, batches = _agent(SAC, "sac", "jaderl/Pendulum-v1", False, warmup_steps=0, batch_size=8)
+    agent, _ = _agent(SAC, "sac", "jaderl/Pendulum-v1", False, warmup_steps=0, batch_size=8, precision="bfloat16")
+    assert agent.state_dict().keys() == fp32.state_dict().keys()  # checkpoints do not change shape
+    batch = batches.sample(8)
+    obs = batch["obs"]
+    assert _output_dtypes(agent.critic, lambda: agent.critic(obs, batch["action"])) == {
+        "layers.0": torch.float32, "layers.1": torch.bfloat16, "layers.2": torch.float32}  # input, hidden, output
+    assert _output_dtypes(agent.actor, lambda: agent.act(obs)) == {
+        "net.0": torch.float32, "net.2": torch.bfloat16, "net.4": torch.float32}
+    # the target critic (a deep copy made before the conversion) computes as its own layers, not the online ones
+    assert agent.critic_target.layers[1].forward.__self__ is agent.critic_target.layers[1]
+    # close to float32 with the same weights: only the hidden activations are rounded
+    agent.load_state_dict(fp32.state_dict())
+    q32, q16 = fp32.critic(obs, batch["action"]), agent.critic(obs, batch["action"])
+    assert q16.dtype == torch.float32 and torch.allclose(q16, q32, rtol=0.02, atol=0.02)
+    stats, _ = agent.update_once(batch)
+    assert all(v.dtype == torch.float32 and torch.isfinite(v).all() for v in stats.values())
+    assert all(p.dtype == torch.float32 and p.grad is not None and p.grad.dtype == torch.float32
+               for p in agent.critic.parameters())
+
+
+def test_bfloat16_covers_mlps_q_networks_and_the_image_encoder() -> None:
+    from types import SimpleNamespace
+
+    from jaderl.accel import mixed_precision
+    from jaderl.algos import DQN
+    from jaderl.core.nets import NatureCNN
+
+    ppo, _ = _agent(PPO, "ppo", "jaderl/Pendulum-v1", False, precision="bfloat16")
+    obs = torch.randn(5, 3)
+    assert _output_dtypes(ppo.critic, lambda: ppo.critic(obs)) == {"0": torch.float32, "2": torch.bfloat16,
+                                                                   "4": torch.float32}
+    assert ppo.actor.evaluate(obs, torch.zeros(5, 1))[0].dtype == torch.float32
+    dqn, _ = _agent(DQN, "dqn", "jaderl/CartPole-v1", False, precision="bfloat16", hidden=[16, 16, 16])
+    obs = torch.randn(5, 4)
+    assert _output_dtypes(dqn.q_net, lambda: dqn.q_net(obs)) == {  # QNet's body is hidden throughout but its input
+        "body.0": torch.float32, "body.1": torch.bfloat16, "body.2": torch.bfloat16, "advantage": torch.float32}
+    holder = SimpleNamespace(config=SimpleNamespace(precision="bfloat16"), device=torch.device("cpu"),
+                             encoder=NatureCNN((36, 36, 2), out_dim=8))
+    assert mixed_precision(holder)  # type: ignore[arg-type]
+    images = torch.randint(0, 255, (3, 36, 36, 2), dtype=torch.uint8)
+    dtypes = _output_dtypes(holder.encoder, lambda: holder.encoder(images))
+    assert set(dtypes.values()) == {torch.bfloat16}  # every convolution and the feature layer
+    assert holder.encoder(images).dtype == torch.float32  # the features leave the encoder in float32
+    assert not mixed_precision(SimpleNamespace(config=SimpleNamespace(precision="float32")))  # type: ignore[arg-type]
+
+
+def test_precision_is_validated_in_one_sentence() -> None:
+    from jaderl.core.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^precision='float16' is invalid: use float32 or bfloat16$"):
+        make_config("ppo", "jaderl/Pendulum-v1", precision="float16")
+
+
+def test_training_in_bfloat16_runs_and_resumes_in_float32(tmp_path: Path, tiny_ppo: Any) -> None:
+    run_dir = str(tmp_path / "run")
+    result = train("ppo", "jaderl/CartPole-v1", run_dir=run_dir, precision="bfloat16", **tiny_ppo())
+    assert result.steps == 512 and result.stop_reason == "total_steps"
+    from jaderl.api import resume
+
+    resumed = resume(run_dir, total_steps=1024, precision="float32")
+    assert resumed.steps == 1024
