@@ -37,9 +37,10 @@ Sections
               [64, 64] with tanh, rollouts of ``--ppo-horizon`` steps per env, minibatches of
               ``--ppo-minibatch``, ``--ppo-epochs`` epochs, gradient clipping at 0.5. Each library runs in its own
               subprocess with one torch thread, for at least 5 x ``--min-time`` seconds. Target: jaderl >= 10x SB3
-              on the CPU; >= 2M samples/s on a GPU. On the CPU a last row times the matrix products of
+              on the CPU; >= 2M samples/s on a GPU. On the CPU the last two rows time the matrix products of
               an iteration alone (acting, and each minibatch's forward and backward pass of actor and critic, each
-              product into a preallocated output): the ceiling of that arithmetic in PyTorch's float32 kernels.
+              product into a preallocated output): the ceiling of that arithmetic in PyTorch's float32 kernels, and
+              in its bfloat16 ones.
     sac       SAC gradient updates per second: critics, actor and entropy coefficient, twin critics and actor of
               [256, 256], batch 256, on the observation and action sizes of ``--sac-env`` (HalfCheetah-v5 by
               default, Pendulum-v1 when MuJoCo is missing), from a replay buffer pre-filled with ``--sac-fill``
@@ -47,8 +48,9 @@ Sections
               on uniform batches drawn from its ``ReplayBuffer``, exactly what ``update`` runs per owed gradient
               step. SB3: ``model.train(gradient_steps=..., batch_size=256)`` on its filled ``ReplayBuffer``. Each in
               its own subprocess, one torch thread, median of ``--repeats`` timings. Target: jaderl >= 2x SB3. On the
-              CPU a last row times the update's matrix products alone (target, critics' forward and backward pass,
-              actor's pass through the frozen critics): the ceiling of that arithmetic in PyTorch's float32 kernels.
+              CPU the last two rows time the update's matrix products alone (target, critics' forward and backward
+              pass, actor's pass through the frozen critics): the ceiling of that arithmetic in PyTorch's float32
+              kernels, and in its bfloat16 ones.
     pipeline  PPO training env-steps/s on ``--env`` (a Gymnasium env stepped in Python) in one process with
               ``--num-envs`` sub-envs against ``jaderl.parallel.pipeline`` with ``--workers`` explorer processes of
               ``--num-envs / --workers`` sub-envs each (same rollout size), training time only, median of
@@ -56,7 +58,9 @@ Sections
     The ppo and sac tables give rates per second of wall time (the figures the targets are about) and per CPU-second
     of the measuring process (less sensitive to other load on a shared machine; with one thread the two agree on
     an idle one). The ppo and sac sections also time jaderl with ``compile=True`` (``torch.compile`` of its act and loss
-    functions, :mod:`jaderl.accel`) unless ``--no-compiled``; ``--quick`` leaves it out unless ``--compiled``.
+    functions, :mod:`jaderl.accel`) unless ``--no-compiled``; ``--quick`` leaves it out unless ``--compiled``; and
+    jaderl with ``precision=bfloat16`` (hidden layers in bfloat16, everything else float32), whose ratio to SB3's
+    float32 is printed on a line of its own, as such: SB3 has no mixed-precision option.
 """
 
 from __future__ import annotations
@@ -343,7 +347,7 @@ def _worker_ppo_jaderl(p: dict[str, Any]) -> dict[str, Any]:
     device = torch.device(p["device"])
     config = make_config("ppo", "jaderl/Pendulum-v1", num_envs=p["envs"], horizon=p["horizon"], hidden=[64, 64],
                          minibatch_size=p["minibatch"], num_epochs=p["epochs"], device=p["device"], seed=0,
-                         compile=p["compile"])
+                         compile=p["compile"], precision=p.get("precision", "float32"))
     env = make_env(config.env, config.num_envs, device, seed=0)
     torch.manual_seed(0)
     agent = PPO(config, env, device)
@@ -403,7 +407,7 @@ def _worker_sac_jaderl(p: dict[str, Any]) -> dict[str, Any]:
 
     device = torch.device(p["device"])
     config = make_config("sac", p["env"], hidden=[256, 256], batch_size=256, buffer_size=p["fill"],
-                         device=p["device"], seed=0, compile=p["compile"])
+                         device=p["device"], seed=0, compile=p["compile"], precision=p.get("precision", "float32"))
     env = make_env(p["env"], 1, device)  # only for its spaces
     torch.manual_seed(0)
     agent = SAC(config, env, device)
@@ -505,16 +509,16 @@ def _sac_products(p: dict[str, Any]) -> list[tuple[int, ...]]:
     return actor_fwd + critic_fwd + critic_fwd + critic_bwd + actor_fwd + critic_fwd + through_critic + actor_bwd
 
 
-def _time_products(shapes: list[tuple[int, ...]], repeats: int, min_time: float) -> float:
+def _time_products(shapes: list[tuple[int, ...]], repeats: int, min_time: float, dtype: str = "float32") -> float:
     """Median seconds for running every product of ``shapes`` once, each into a preallocated output (no allocation,
-    no autograd, nothing but the products)."""
+    no autograd, nothing but the products), all in ``dtype``."""
     import torch
 
-    gen = torch.Generator().manual_seed(0)
+    gen, kind = torch.Generator().manual_seed(0), getattr(torch, dtype)
     calls = []
     for e, m, k, n in shapes:
-        a, b = torch.randn(e, m, k, generator=gen), torch.randn(e, k, n, generator=gen)
-        out = torch.empty(e, m, n)
+        a, b = torch.randn(e, m, k, generator=gen).to(kind), torch.randn(e, k, n, generator=gen).to(kind)
+        out = torch.empty(e, m, n, dtype=kind)
         calls.append((a[0], b[0], out[0], torch.mm) if e == 1 else (a, b, out, torch.bmm))
 
     def run() -> None:
@@ -539,14 +543,14 @@ def _time_products(shapes: list[tuple[int, ...]], repeats: int, min_time: float)
 
 def _worker_ppo_floor(p: dict[str, Any]) -> dict[str, Any]:
     shapes, samples = _ppo_products(p)
-    seconds = _time_products(shapes, 5, p["min_time"])
+    seconds = _time_products(shapes, 5, p["min_time"], p.get("dtype", "float32"))
     flops = sum(2 * e * m * k * n for e, m, k, n in shapes)
     return {"rate": samples / seconds, "cpu_rate": samples / seconds, "gflops": flops / seconds / 1e9}
 
 
 def _worker_sac_floor(p: dict[str, Any]) -> dict[str, Any]:
     shapes = _sac_products(p)
-    seconds = _time_products(shapes, 5, 2.0)
+    seconds = _time_products(shapes, 5, 2.0, p.get("dtype", "float32"))
     flops = sum(2 * e * m * k * n for e, m, k, n in shapes)
     return {"rate": 1 / seconds, "cpu_rate": 1 / seconds, "gflops": flops / seconds / 1e9}
 
@@ -599,16 +603,18 @@ def section_ppo(args: argparse.Namespace) -> None:
     common = {"envs": args.ppo_envs, "horizon": args.ppo_horizon, "minibatch": args.ppo_minibatch,
               "epochs": args.ppo_epochs, "warmup": 1, "min_time": 1.0 if args.quick else args.min_time * 5,
               "iterations": 1 if args.quick else 3}
-    variants = [("jaderl", False)] + ([("jaderl compile=True", True)] if _compiled(args) else [])
     rows = []
-    for name, compile_ in variants:
+    for name, compile_, precision in _variants(args):
         rows.append((name, f"PPO, `jaderl/Pendulum-v1` x {args.ppo_envs} (torch, {args.device})",
-                     _run_worker("ppo-jaderl", {**common, "device": args.device, "compile": compile_})))
+                     _run_worker("ppo-jaderl", {**common, "device": args.device, "compile": compile_,
+                                                "precision": precision})))
     rows.append(("SB3", f"PPO, Gymnasium `Pendulum-v1` x {args.ppo_envs} (DummyVecEnv, cpu)",
                  _run_worker("ppo-sb3", common)))
     if args.device == "cpu":
-        rows.append((FLOOR, "the acting and minibatch matrix products of an iteration, nothing else",
-                     _run_worker("ppo-floor", {**common, "min_time": 1.0 if args.quick else args.min_time})))
+        for dtype in ("float32", "bfloat16"):
+            rows.append((FLOORS[dtype], f"the acting and minibatch matrix products of an iteration in {dtype}, "
+                         "nothing else", _run_worker("ppo-floor", {**common, "dtype": dtype,
+                                                                   "min_time": 1.0 if args.quick else args.min_time})))
     notes = [f"rollout {args.ppo_horizon} steps x {args.ppo_envs} envs = {args.ppo_horizon * args.ppo_envs:,} "
              f"samples per iteration, minibatch {args.ppo_minibatch}, {args.ppo_epochs} epochs, actor and critic "
              "[64, 64] tanh; one torch thread per library; setup and one warm-up iteration not timed"]
@@ -616,9 +622,7 @@ def section_ppo(args: argparse.Namespace) -> None:
         notes.append(f"measured under load (1-min load average {load_at_start:.2f} > {LOAD_LIMIT} at start)")
     _header("ppo: end-to-end training samples/s (collect + learn)", notes, load_at_start)
     rates = _ratio_table(rows, "samples/s", "jaderl")
-    if "jaderl" in rates and "SB3" in rates:
-        ratio = rates["jaderl"] / rates["SB3"]
-        print(f"jaderl / SB3: {ratio:.1f}x (target >= 10x): {'PASS' if ratio >= 10 else 'FAIL'}")
+    _print_targets(rates, 10)
     _print_floor(rows, rates, "samples/s", 10)
     if args.device != "cpu" and "jaderl" in rates:
         print(f"jaderl on {args.device}: {_si(rates['jaderl'])} samples/s (target >= 2M on a GPU): "
@@ -637,14 +641,16 @@ def section_sac(args: argparse.Namespace) -> None:
     common = {"env": env_id, "fill": fill, "warmup": 10 if args.quick else 50,
               "updates": 50 if args.quick else args.sac_updates, "repeats": min(args.repeats, 3) if args.quick
               else args.repeats}
-    variants = [("jaderl", False)] + ([("jaderl compile=True", True)] if _compiled(args) else [])
     rows = []
-    for name, compile_ in variants:
-        rows.append((name, f"SAC, {args.device}",
-                     _run_worker("sac-jaderl", {**common, "device": args.device, "compile": compile_})))
+    for name, compile_, precision in _variants(args):
+        rows.append((name, f"SAC, {args.device}", _run_worker("sac-jaderl", {**common, "device": args.device,
+                                                                             "compile": compile_,
+                                                                             "precision": precision})))
     rows.append(("SB3", "SAC, cpu", _run_worker("sac-sb3", common)))
     if args.device == "cpu":
-        rows.append((FLOOR, "the matrix products of an update, nothing else", _run_worker("sac-floor", common)))
+        for dtype in ("float32", "bfloat16"):
+            rows.append((FLOORS[dtype], f"the matrix products of an update in {dtype}, nothing else",
+                         _run_worker("sac-floor", {**common, "dtype": dtype})))
     notes.append(f"{env_id} sizes (obs {obs_dim}, action {act_dim}); actor and twin critics [256, 256], batch 256, "
                  f"buffer of {fill:,} random transitions; {common['updates']} updates per timing, median of "
                  f"{common['repeats']}; one torch thread per library")
@@ -652,28 +658,50 @@ def section_sac(args: argparse.Namespace) -> None:
         notes.append(f"measured under load (1-min load average {load_at_start:.2f} > {LOAD_LIMIT} at start)")
     _header("sac: gradient updates/s (critics + actor + alpha)", notes, load_at_start)
     rates = _ratio_table(rows, "updates/s", "jaderl")
-    if "jaderl" in rates and "SB3" in rates:
-        ratio = rates["jaderl"] / rates["SB3"]
-        print(f"jaderl / SB3: {ratio:.2f}x (target >= 2x): {'PASS' if ratio >= 2 else 'FAIL'}")
+    _print_targets(rates, 2)
     _print_floor(rows, rates, "updates/s", 2)
     print(f"load average (1 min) at end: {_load():.2f}")
 
 
-FLOOR = "matrix products only"
+BF16 = "jaderl precision=bfloat16"
+FLOORS = {"float32": "matrix products only", "bfloat16": "matrix products only, bfloat16"}
+
+
+def _variants(args: argparse.Namespace) -> list[tuple[str, bool, str]]:
+    """jaderl's rows: (name, compile, precision)."""
+    compiled = [("jaderl compile=True", True, "float32")] if _compiled(args) else []
+    return [("jaderl", False, "float32"), *compiled, (BF16, False, "bfloat16")]
+
+
+def _print_targets(rates: dict[str, float], target: float) -> None:
+    """jaderl / SB3 against ``target``: float32 against float32, and mixed precision against SB3's float32 (SB3 has
+    no mixed-precision option), said as such."""
+    if "SB3" not in rates:
+        return
+    if "jaderl" in rates:
+        ratio = rates["jaderl"] / rates["SB3"]
+        verdict = "PASS" if ratio >= target else "FAIL"
+        print(f"jaderl / SB3, both float32: {ratio:.2f}x (target >= {target:g}x): {verdict}")
+    if BF16 in rates:
+        ratio = rates[BF16] / rates["SB3"]
+        print(f"jaderl precision=bfloat16 / SB3 float32: {ratio:.2f}x (target >= {target:g}x): "
+              f"{'PASS' if ratio >= target else 'FAIL'} (SB3 has no mixed precision; its hidden layers compute in "
+              "float32)")
 
 
 def _print_floor(rows: list[tuple[str, str, dict[str, Any]]], rates: dict[str, float], unit: str,
                  target: float) -> None:
-    """The ceiling the matrix products set: an implementation of the same arithmetic with PyTorch's float32 kernels on
-    this CPU thread is not faster than they are alone (each timed as its own call), so (floor rate / SB3's rate)
-    bounds the jaderl / SB3 ratio on this machine."""
-    if FLOOR not in rates or "SB3" not in rates:
-        return
-    gflops = next(result["gflops"] for name, _, result in rows if name == FLOOR)
-    ceiling = rates[FLOOR] / rates["SB3"]
-    reach = "within reach only with almost nothing but the products" if ceiling >= target else "out of reach"
-    print(f"ceiling: the matrix products alone run at {rates[FLOOR]:,.0f} {unit} ({gflops:,.0f} GFLOP/s) = "
-          f"{ceiling:.1f}x SB3, so the {target:g}x target is {reach} on this CPU with the same arithmetic")
+    """The ceilings the matrix products set: an implementation of the same arithmetic with PyTorch's kernels in that
+    precision on this CPU thread is not faster than they are alone (each timed as its own call), so (floor rate /
+    SB3's rate) bounds the jaderl / SB3 ratio on this machine for that precision."""
+    for dtype, name in FLOORS.items():
+        if name not in rates or "SB3" not in rates:
+            continue
+        gflops = next(result["gflops"] for row, _, result in rows if row == name)
+        ceiling = rates[name] / rates["SB3"]
+        reach = "within reach only with almost nothing but the products" if ceiling >= target else "out of reach"
+        print(f"ceiling in {dtype}: the matrix products alone run at {rates[name]:,.0f} {unit} ({gflops:,.0f} "
+              f"GFLOP/s) = {ceiling:.1f}x SB3, so the {target:g}x target is {reach} on this CPU in {dtype}")
 
 
 # -- section: pipeline ---------------------------------------------------------------------------------------------
