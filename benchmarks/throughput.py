@@ -699,7 +699,8 @@ def _print_floor(rows: list[tuple[str, str, dict[str, Any]]], rates: dict[str, f
             continue
         gflops = next(result["gflops"] for row, _, result in rows if row == name)
         ceiling = rates[name] / rates["SB3"]
-        reach = "within reach only with almost nothing but the products" if ceiling >= target else "out of reach"
+        reach = ("within reach" if ceiling >= 2 * target else "out of reach" if ceiling < target
+                 else "within reach only with almost nothing but the products")
         print(f"ceiling in {dtype}: the matrix products alone run at {rates[name]:,.0f} {unit} ({gflops:,.0f} "
               f"GFLOP/s) = {ceiling:.1f}x SB3, so the {target:g}x target is {reach} on this CPU in {dtype}")
 
