@@ -43,7 +43,7 @@ from torch import nn
 if TYPE_CHECKING:
     from jaderl.core.agent import Agent
 
-__all__ = ["Tanh", "accelerate", "compiled_mode", "mixed_precision"]
+__all__ = ["Tanh", "accelerate", "compiled_mode", "mixed_precision", "native_bfloat16"]
 
 
 class _SigmoidTanh(torch.autograd.Function):
@@ -172,7 +172,7 @@ def _copy_out(value: Any) -> Any:
     return value
 
 
-def mixed_precision(agent: Agent) -> bool:
+def mixed_precision(agent: Agent, warn: bool = True) -> bool:
     """Make the hidden layers of ``agent``'s networks compute in bfloat16 when ``agent.config.precision`` says so.
 
     A hidden layer (a linear, convolutional or ensemble layer whose output goes through an activation) runs under
@@ -183,16 +183,27 @@ def mixed_precision(agent: Agent) -> bool:
     and so does every loss: only hidden activations lose precision (8 bits of mantissa). Parameters, gradients,
     optimizer state and checkpoints stay float32, and state-dict keys do not change, so a run can resume in the
     other precision. Pays where bfloat16 matrix products are fast: GPUs with bfloat16 tensor cores and CPUs with
-    AVX-512 BF16 or AMX; on other CPUs they are emulated and slower. Returns whether anything was changed.
+    AVX-512 BF16 or AMX; elsewhere they are emulated and slower than float32, which one warning says (unless
+    ``warn`` is false: the pipeline's explorer and evaluator processes leave it to the learner). Returns whether
+    anything was changed.
     """
     if getattr(agent.config, "precision", "float32") != "bfloat16":
         return False
-    if agent.device.type == "cuda" and not torch.cuda.is_bf16_supported():
-        from jaderl.core.config import ConfigError
-
-        raise ConfigError(f"precision=bfloat16 needs a GPU with bfloat16 support, which {agent.device} lacks; "
-                          "use precision=float32")
+    if warn and not native_bfloat16(agent.device):
+        warnings.warn(f"precision=bfloat16 on {agent.device}: it has no bfloat16 matrix units (a GPU of compute "
+                      "capability 8.0 or newer, a CPU with AVX-512 BF16 or AMX), so mixed precision runs slower than "
+                      "float32 there; set precision=float32", RuntimeWarning, stacklevel=2)
     _convert_layers(agent)
+    return True
+
+
+def native_bfloat16(device: torch.device) -> bool:
+    """Whether ``device`` multiplies bfloat16 matrices natively (bfloat16 tensor cores, AVX-512 BF16 or AMX)."""
+    if device.type == "cuda":
+        return bool(torch.version.hip) or torch.cuda.get_device_capability(device)[0] >= 8
+    if device.type == "cpu":
+        probes = [getattr(torch.cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")]
+        return any(probe() for probe in probes if probe is not None)
     return True
 
 

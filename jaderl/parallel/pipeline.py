@@ -155,7 +155,7 @@ def _explorer(worker: int, config_dict: dict[str, Any], agent_cls: type[Agent], 
         torch.manual_seed(config.seed)
         env = make_env(config.env, config.num_envs, "cpu", seed=config.seed, workers=config.env_workers)
         agent = agent_cls(config, env, torch.device("cpu"))
-        mixed_precision(agent)  # config.precision: act as the learner's networks compute
+        mixed_precision(agent, warn=False)  # config.precision: act as the learner's networks compute
         agent.steps = start_steps  # config.seed (this worker's, from start_steps) seeds the env
         used = -1
         try:
@@ -200,7 +200,7 @@ def _evaluator(config_dict: dict[str, Any], agent_cls: type[Agent], shared: _Sha
         config = agent_cls.config_cls.from_dict(config_dict)
         env = make_env(config.env, config.eval_episodes, "cpu", seed=config.seed + 1)
         agent = agent_cls(config, env, torch.device("cpu"))
-        mixed_precision(agent)
+        mixed_precision(agent, warn=False)
         evaluator = Evaluator(env, Path(config.run_dir), seed=config.seed + 1, resume_step=resume_step)
         results.put(("ready", evaluator.best_return, evaluator.rows[-1]["step"] if evaluator.rows else None))
         try:

@@ -220,6 +220,18 @@ def test_bfloat16_covers_mlps_q_networks_and_the_image_encoder() -> None:
     assert not mixed_precision(SimpleNamespace(config=SimpleNamespace(precision="float32")))  # type: ignore[arg-type]
 
 
+def test_bfloat16_without_bfloat16_matrix_units_warns_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    from jaderl.accel import native_bfloat16
+
+    assert native_bfloat16(torch.device("cpu")) == any(
+        getattr(torch.cpu, name, lambda: False)() for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"))
+    for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"):
+        monkeypatch.setattr(torch.cpu, name, lambda: False, raising=False)
+    with pytest.warns(RuntimeWarning, match=r"^precision=bfloat16 on cpu: it has no bfloat16 matrix units") as caught:
+        _agent(PPO, "ppo", "jaderl/Pendulum-v1", False, precision="bfloat16")
+    assert len([w for w in caught if "bfloat16" in str(w.message)]) == 1
+
+
 def test_precision_is_validated_in_one_sentence() -> None:
     from jaderl.core.config import ConfigError
 
