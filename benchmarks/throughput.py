@@ -37,10 +37,10 @@ Sections
               [64, 64] with tanh, rollouts of ``--ppo-horizon`` steps per env, minibatches of
               ``--ppo-minibatch``, ``--ppo-epochs`` epochs, gradient clipping at 0.5. Each library runs in its own
               subprocess with one torch thread, for at least 5 x ``--min-time`` seconds. Target: jaderl >= 10x SB3
-              on the CPU; >= 2M samples/s on a GPU. On the CPU the last two rows time the matrix products of
-              an iteration alone (acting, and each minibatch's forward and backward pass of actor and critic, each
+              on the CPU; >= 2M samples/s on a GPU. On the CPU the last rows time the matrix products of an
+              iteration alone (acting, and each minibatch's forward and backward pass of actor and critic, each
               product into a preallocated output): the ceiling of that arithmetic in PyTorch's float32 kernels, and
-              in its bfloat16 ones.
+              as ``precision=bfloat16`` splits it (hidden layers in bfloat16, first and output layers in float32).
     sac       SAC gradient updates per second: critics, actor and entropy coefficient, twin critics and actor of
               [256, 256], batch 256, on the observation and action sizes of ``--sac-env`` (HalfCheetah-v5 by
               default, Pendulum-v1 when MuJoCo is missing), from a replay buffer pre-filled with ``--sac-fill``
@@ -48,9 +48,9 @@ Sections
               on uniform batches drawn from its ``ReplayBuffer``, exactly what ``update`` runs per owed gradient
               step. SB3: ``model.train(gradient_steps=..., batch_size=256)`` on its filled ``ReplayBuffer``. Each in
               its own subprocess, one torch thread, median of ``--repeats`` timings. Target: jaderl >= 2x SB3. On the
-              CPU the last two rows time the update's matrix products alone (target, critics' forward and backward
+              CPU the last rows time the update's matrix products alone (target, critics' forward and backward
               pass, actor's pass through the frozen critics): the ceiling of that arithmetic in PyTorch's float32
-              kernels, and in its bfloat16 ones.
+              kernels, and as ``precision=bfloat16`` splits it.
     pipeline  PPO training env-steps/s on ``--env`` (a Gymnasium env stepped in Python) in one process with
               ``--num-envs`` sub-envs against ``jaderl.parallel.pipeline`` with ``--workers`` explorer processes of
               ``--num-envs / --workers`` sub-envs each (same rollout size), training time only, median of
@@ -58,9 +58,10 @@ Sections
     The ppo and sac tables give rates per second of wall time (the figures the targets are about) and per CPU-second
     of the measuring process (less sensitive to other load on a shared machine; with one thread the two agree on
     an idle one). The ppo and sac sections also time jaderl with ``compile=True`` (``torch.compile`` of its act and loss
-    functions, :mod:`jaderl.accel`) unless ``--no-compiled``; ``--quick`` leaves it out unless ``--compiled``; and
-    jaderl with ``precision=bfloat16`` (hidden layers in bfloat16, everything else float32), whose ratio to SB3's
-    float32 is printed on a line of its own, as such: SB3 has no mixed-precision option.
+    functions, :mod:`jaderl.accel`) unless ``--no-compiled``; ``--quick`` leaves it out unless ``--compiled``; and,
+    on a GPU or a CPU with bfloat16 matrix units (AVX-512 BF16, AMX), jaderl with ``precision=bfloat16`` (hidden
+    layers in bfloat16, everything else float32), whose ratio to SB3's float32 is printed on a line of its own, as
+    such: SB3 has no mixed-precision option.
 """
 
 from __future__ import annotations
@@ -471,15 +472,17 @@ def _mlp_products(batch: int, sizes: list[int], members: int = 1, weight_grads: 
                   input_grad: bool = False) -> tuple[list[tuple[int, ...]], list[tuple[int, ...]]]:
     """The products of an MLP's forward pass and of its backward pass on ``batch`` rows: weight gradients unless
     ``weight_grads`` is false (a frozen critic), hidden-activation gradients always, the input's only if
-    ``input_grad``."""
+    ``input_grad``. A product is (E, m, k, n, hidden): E [m, k] x [k, n] products of a hidden layer (1: those that
+    ``precision=bfloat16`` runs in bfloat16) or of the first or the output layer (0)."""
     layers = list(itertools.pairwise(sizes))
-    forward = [(members, batch, i, o) for i, o in layers]
+    kind = [int(0 < i < len(layers) - 1) for i in range(len(layers))]
+    forward = [(members, batch, i, o, kind[index]) for index, (i, o) in enumerate(layers)]
     backward: list[tuple[int, ...]] = []
-    for index, (i, o) in enumerate(reversed(layers)):
+    for index, (i, o) in reversed(list(enumerate(layers))):
         if weight_grads:
-            backward.append((members, i, batch, o))  # dW = x^T dy
-        if index < len(layers) - 1 or input_grad:
-            backward.append((members, batch, o, i))  # dx = dy W^T
+            backward.append((members, i, batch, o, kind[index]))  # dW = x^T dy
+        if index > 0 or input_grad:
+            backward.append((members, batch, o, i, kind[index]))  # dx = dy W^T
     return forward, backward
 
 
@@ -509,14 +512,16 @@ def _sac_products(p: dict[str, Any]) -> list[tuple[int, ...]]:
     return actor_fwd + critic_fwd + critic_fwd + critic_bwd + actor_fwd + critic_fwd + through_critic + actor_bwd
 
 
-def _time_products(shapes: list[tuple[int, ...]], repeats: int, min_time: float, dtype: str = "float32") -> float:
+def _time_products(shapes: list[tuple[int, ...]], repeats: int, min_time: float, precision: str = "float32") -> float:
     """Median seconds for running every product of ``shapes`` once, each into a preallocated output (no allocation,
-    no autograd, nothing but the products), all in ``dtype``."""
+    no autograd, nothing but the products): all in float32, or for ``precision="bfloat16"`` the hidden layers'
+    products in bfloat16 and the others in float32, as ``precision=bfloat16`` runs them."""
     import torch
 
-    gen, kind = torch.Generator().manual_seed(0), getattr(torch, dtype)
+    gen = torch.Generator().manual_seed(0)
     calls = []
-    for e, m, k, n in shapes:
+    for e, m, k, n, hidden in shapes:
+        kind = torch.bfloat16 if hidden and precision == "bfloat16" else torch.float32
         a, b = torch.randn(e, m, k, generator=gen).to(kind), torch.randn(e, k, n, generator=gen).to(kind)
         out = torch.empty(e, m, n, dtype=kind)
         calls.append((a[0], b[0], out[0], torch.mm) if e == 1 else (a, b, out, torch.bmm))
@@ -543,15 +548,15 @@ def _time_products(shapes: list[tuple[int, ...]], repeats: int, min_time: float,
 
 def _worker_ppo_floor(p: dict[str, Any]) -> dict[str, Any]:
     shapes, samples = _ppo_products(p)
-    seconds = _time_products(shapes, 5, p["min_time"], p.get("dtype", "float32"))
-    flops = sum(2 * e * m * k * n for e, m, k, n in shapes)
+    seconds = _time_products(shapes, 5, p["min_time"], p["precision"])
+    flops = sum(2 * e * m * k * n for e, m, k, n, _ in shapes)
     return {"rate": samples / seconds, "cpu_rate": samples / seconds, "gflops": flops / seconds / 1e9}
 
 
 def _worker_sac_floor(p: dict[str, Any]) -> dict[str, Any]:
     shapes = _sac_products(p)
-    seconds = _time_products(shapes, 5, 2.0, p.get("dtype", "float32"))
-    flops = sum(2 * e * m * k * n for e, m, k, n in shapes)
+    seconds = _time_products(shapes, 5, 2.0, p["precision"])
+    flops = sum(2 * e * m * k * n for e, m, k, n, _ in shapes)
     return {"rate": 1 / seconds, "cpu_rate": 1 / seconds, "gflops": flops / seconds / 1e9}
 
 
@@ -611,10 +616,11 @@ def section_ppo(args: argparse.Namespace) -> None:
     rows.append(("SB3", f"PPO, Gymnasium `Pendulum-v1` x {args.ppo_envs} (DummyVecEnv, cpu)",
                  _run_worker("ppo-sb3", common)))
     if args.device == "cpu":
-        for dtype in ("float32", "bfloat16"):
-            rows.append((FLOORS[dtype], f"the acting and minibatch matrix products of an iteration in {dtype}, "
-                         "nothing else", _run_worker("ppo-floor", {**common, "dtype": dtype,
-                                                                   "min_time": 1.0 if args.quick else args.min_time})))
+        for precision in _precisions():
+            rows.append((FLOORS[precision], f"the acting and minibatch matrix products of an iteration, "
+                         f"{FLOOR_SPLIT[precision]}, nothing else",
+                         _run_worker("ppo-floor", {**common, "precision": precision,
+                                                   "min_time": 1.0 if args.quick else args.min_time})))
     notes = [f"rollout {args.ppo_horizon} steps x {args.ppo_envs} envs = {args.ppo_horizon * args.ppo_envs:,} "
              f"samples per iteration, minibatch {args.ppo_minibatch}, {args.ppo_epochs} epochs, actor and critic "
              "[64, 64] tanh; one torch thread per library; setup and one warm-up iteration not timed"]
@@ -648,9 +654,9 @@ def section_sac(args: argparse.Namespace) -> None:
                                                                              "precision": precision})))
     rows.append(("SB3", "SAC, cpu", _run_worker("sac-sb3", common)))
     if args.device == "cpu":
-        for dtype in ("float32", "bfloat16"):
-            rows.append((FLOORS[dtype], f"the matrix products of an update in {dtype}, nothing else",
-                         _run_worker("sac-floor", {**common, "dtype": dtype})))
+        for precision in _precisions():
+            rows.append((FLOORS[precision], f"the matrix products of an update, {FLOOR_SPLIT[precision]}, "
+                         "nothing else", _run_worker("sac-floor", {**common, "precision": precision})))
     notes.append(f"{env_id} sizes (obs {obs_dim}, action {act_dim}); actor and twin critics [256, 256], batch 256, "
                  f"buffer of {fill:,} random transitions; {common['updates']} updates per timing, median of "
                  f"{common['repeats']}; one torch thread per library")
@@ -664,13 +670,25 @@ def section_sac(args: argparse.Namespace) -> None:
 
 
 BF16 = "jaderl precision=bfloat16"
-FLOORS = {"float32": "matrix products only", "bfloat16": "matrix products only, bfloat16"}
+FLOORS = {"float32": "matrix products only", "bfloat16": "matrix products only, precision=bfloat16"}
+FLOOR_SPLIT = {"float32": "all in float32",
+               "bfloat16": "the hidden layers' in bfloat16 and the first and output layers' in float32"}
+
+
+def _precisions() -> list[str]:
+    """float32, and bfloat16 where this CPU multiplies bfloat16 matrices natively (elsewhere it is slower)."""
+    import torch
+
+    from jaderl.accel import native_bfloat16
+
+    return ["float32", "bfloat16"] if native_bfloat16(torch.device("cpu")) else ["float32"]
 
 
 def _variants(args: argparse.Namespace) -> list[tuple[str, bool, str]]:
-    """jaderl's rows: (name, compile, precision)."""
+    """jaderl's rows: (name, compile, precision); the bfloat16 one on a GPU or a CPU with bfloat16 matrix units."""
     compiled = [("jaderl compile=True", True, "float32")] if _compiled(args) else []
-    return [("jaderl", False, "float32"), *compiled, (BF16, False, "bfloat16")]
+    mixed = [(BF16, False, "bfloat16")] if args.device != "cpu" or "bfloat16" in _precisions() else []
+    return [("jaderl", False, "float32"), *compiled, *mixed]
 
 
 def _print_targets(rates: dict[str, float], target: float) -> None:
@@ -694,15 +712,16 @@ def _print_floor(rows: list[tuple[str, str, dict[str, Any]]], rates: dict[str, f
     """The ceilings the matrix products set: an implementation of the same arithmetic with PyTorch's kernels in that
     precision on this CPU thread is not faster than they are alone (each timed as its own call), so (floor rate /
     SB3's rate) bounds the jaderl / SB3 ratio on this machine for that precision."""
-    for dtype, name in FLOORS.items():
+    for precision, name in FLOORS.items():
         if name not in rates or "SB3" not in rates:
             continue
         gflops = next(result["gflops"] for row, _, result in rows if row == name)
         ceiling = rates[name] / rates["SB3"]
         reach = ("within reach" if ceiling >= 2 * target else "out of reach" if ceiling < target
                  else "within reach only with almost nothing but the products")
-        print(f"ceiling in {dtype}: the matrix products alone run at {rates[name]:,.0f} {unit} ({gflops:,.0f} "
-              f"GFLOP/s) = {ceiling:.1f}x SB3, so the {target:g}x target is {reach} on this CPU in {dtype}")
+        mode = "float32" if precision == "float32" else "precision=bfloat16"
+        print(f"ceiling in {mode}: the matrix products alone run at {rates[name]:,.0f} {unit} ({gflops:,.0f} "
+              f"GFLOP/s) = {ceiling:.1f}x SB3, so the {target:g}x target is {reach} on this CPU in {mode}")
 
 
 # -- section: pipeline ---------------------------------------------------------------------------------------------

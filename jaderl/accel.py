@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-import types
 import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -64,13 +63,14 @@ class _SigmoidTanh(torch.autograd.Function):
 class Tanh(torch.nn.Module):
     """``nn.Tanh`` that is faster on the CPU: float32 tensors there take 2 sigmoid(2x) - 1 (about 3x faster than
     ``torch.tanh`` on one AVX-512 core for a 2048 x 64 batch; at most about 1e-7 apart), and so do bfloat16 ones (the
-    output of a mixed-precision layer), in float32; other devices and dtypes, and code being compiled (Inductor
-    writes its own tanh), take ``torch.tanh``."""
+    output of a mixed-precision layer), computed in float32 and returned in bfloat16; other devices and dtypes, and
+    code being compiled (Inductor writes its own tanh), take ``torch.tanh``."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.device.type != "cpu" or x.dtype not in (torch.float32, torch.bfloat16) or torch.compiler.is_compiling():
             return torch.tanh(x)
-        return _SigmoidTanh.apply(x.float())  # bfloat16 (a mixed-precision layer's output): faster in float32
+        y = _SigmoidTanh.apply(x.float())  # bfloat16 (a mixed-precision layer's output): faster in float32
+        return y.to(x.dtype)
 
 
 def compiled_mode(device: torch.device) -> str | None:
@@ -180,11 +180,12 @@ def mixed_precision(agent: Agent, warn: bool = True) -> bool:
     on: every layer of an MLP but its first and its last, and every layer of the image encoder (pixels have 8 bits).
     A network's first layer reads observations and actions in float32, as they come (1234.5 would be 1232 in
     bfloat16). Output layers (policy means and logits, values, Q-values) take float32 inputs and compute in float32,
-    and so does every loss: only hidden activations lose precision (8 bits of mantissa). Parameters, gradients,
+    and so does every loss: only the hidden layers' products lose precision (their weights, activations and
+    gradients rounded to bfloat16's 8 bits of mantissa), and a network with one hidden layer has none. Parameters,
     optimizer state and checkpoints stay float32, and state-dict keys do not change, so a run can resume in the
     other precision. Pays where bfloat16 matrix products are fast: GPUs with bfloat16 tensor cores and CPUs with
-    AVX-512 BF16 or AMX; elsewhere they are emulated and slower than float32, which one warning says (unless
-    ``warn`` is false: the pipeline's explorer and evaluator processes leave it to the learner). Returns whether
+    AVX-512 BF16 or AMX; elsewhere they are emulated and slower than float32, which one warning says unless ``warn``
+    is false (the pipeline's explorer and evaluator processes, which convert only on such CPUs). Returns whether
     anything was changed.
     """
     if getattr(agent.config, "precision", "float32") != "bfloat16":
@@ -231,15 +232,15 @@ def _convert_layers(agent: Agent) -> None:
             inputs.add(id(children[0]))  # a network's first layer reads observations and actions in float32 ...
         if isinstance(container, NatureCNN):  # ... but images are 8-bit: the whole encoder computes in bfloat16
             pixels.update(id(m) for m in container.modules())
-    for module in modules:  # instance-level forwards: copy.deepcopy (target networks) rebinds them to the copy
+    for module in modules:  # instance-level forwards: copy.deepcopy and pickle rebind them to the copy
         if "forward" in vars(module):
             continue  # converted already
         if id(module) in hidden and (id(module) not in inputs or id(module) in pixels):
-            module.forward = types.MethodType(_bfloat16_forward, module)
+            module.forward = functools.partial(_bfloat16_forward, module)
         elif isinstance(module, layer_types):
-            module.forward = types.MethodType(_float32_forward, module)
+            module.forward = functools.partial(_float32_forward, module)
         elif isinstance(module, NatureCNN):  # its features reach other code in float32
-            module.forward = types.MethodType(_float32_output_forward, module)
+            module.forward = functools.partial(_float32_output_forward, module)
 
 
 def _bfloat16_forward(self: nn.Module, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:

@@ -44,7 +44,7 @@ from typing import Any
 import torch
 import torch.multiprocessing as tmp
 
-from jaderl.accel import accelerate, mixed_precision
+from jaderl.accel import accelerate, mixed_precision, native_bfloat16
 from jaderl.core.agent import Agent
 from jaderl.core.config import Config
 from jaderl.core.loop import (
@@ -155,7 +155,8 @@ def _explorer(worker: int, config_dict: dict[str, Any], agent_cls: type[Agent], 
         torch.manual_seed(config.seed)
         env = make_env(config.env, config.num_envs, "cpu", seed=config.seed, workers=config.env_workers)
         agent = agent_cls(config, env, torch.device("cpu"))
-        mixed_precision(agent, warn=False)  # config.precision: act as the learner's networks compute
+        if native_bfloat16(agent.device):  # config.precision: act as the learner's networks compute, where that is
+            mixed_precision(agent, warn=False)  # not slower (the learner may be a GPU, the explorers a plain CPU)
         agent.steps = start_steps  # config.seed (this worker's, from start_steps) seeds the env
         used = -1
         try:
@@ -200,7 +201,8 @@ def _evaluator(config_dict: dict[str, Any], agent_cls: type[Agent], shared: _Sha
         config = agent_cls.config_cls.from_dict(config_dict)
         env = make_env(config.env, config.eval_episodes, "cpu", seed=config.seed + 1)
         agent = agent_cls(config, env, torch.device("cpu"))
-        mixed_precision(agent, warn=False)
+        if native_bfloat16(agent.device):  # as the explorers
+            mixed_precision(agent, warn=False)
         evaluator = Evaluator(env, Path(config.run_dir), seed=config.seed + 1, resume_step=resume_step)
         results.put(("ready", evaluator.best_return, evaluator.rows[-1]["step"] if evaluator.rows else None))
         try:

@@ -3,8 +3,10 @@ one warning and identical results, and training with ``compile=True`` runs."""
 
 from __future__ import annotations
 
+import pickle
 import warnings
 from collections.abc import Iterator
+from copy import deepcopy
 from pathlib import Path
 from typing import Any
 
@@ -146,6 +148,9 @@ def test_cpu_tanh_matches_torch_tanh_in_value_and_gradient() -> None:
     assert torch.allclose(grad, 1 - y.detach().square(), rtol=0, atol=1e-7)  # the derivative, from the output
     x64 = x.detach().double()
     assert torch.equal(Tanh()(x64), torch.tanh(x64))  # other dtypes (and devices) take torch.tanh
+    x16 = x.detach().bfloat16()  # bfloat16 (a mixed-precision layer's output): computed in float32, kept bfloat16
+    assert Tanh()(x16).dtype == torch.bfloat16 and torch.allclose(Tanh()(x16).float(), torch.tanh(x16.float()),
+                                                                  rtol=0, atol=4e-3)
 
 
 def test_on_policy_networks_use_the_cpu_tanh() -> None:
@@ -182,8 +187,12 @@ def test_bfloat16_runs_hidden_layers_in_bfloat16_and_keeps_inputs_outputs_and_lo
         "layers.0": torch.float32, "layers.1": torch.bfloat16, "layers.2": torch.float32}  # input, hidden, output
     assert _output_dtypes(agent.actor, lambda: agent.act(obs)) == {
         "net.0": torch.float32, "net.2": torch.bfloat16, "net.4": torch.float32}
-    # the target critic (a deep copy made before the conversion) computes as its own layers, not the online ones
-    assert agent.critic_target.layers[1].forward.__self__ is agent.critic_target.layers[1]
+    # the target critic (a deep copy made before the conversion) computes as its own layers, not the online ones,
+    # and so do copies made after it, pickled ones included
+    assert agent.critic_target.layers[1].forward.args[0] is agent.critic_target.layers[1]
+    for copy in (deepcopy(agent.critic), pickle.loads(pickle.dumps(agent.critic))):
+        assert copy.layers[1].forward.args[0] is copy.layers[1]
+        assert _output_dtypes(copy, lambda copy=copy: copy(obs, batch["action"]))["layers.1"] == torch.bfloat16
     # close to float32 with the same weights: only the hidden activations are rounded
     agent.load_state_dict(fp32.state_dict())
     q32, q16 = fp32.critic(obs, batch["action"]), agent.critic(obs, batch["action"])
