@@ -31,7 +31,8 @@ CASES: dict[str, tuple[str, str, float, dict[str, Any]]] = {
                          {"seed": 0, **_settings("ppo_cartpole.yaml"), "total_steps": 100_000}),
     "ppo-torch-pendulum": ("ppo", "jaderl/Pendulum-v1", -200.0,  # ~25k steps, ~2 s (seeds 0-9: 25k-33k)
                            {"seed": 0, **_settings("ppo_pendulum.yaml"), "total_steps": 100_000}),
-    # mixed precision (hidden layers in bfloat16): as many steps as float32 (PPO seeds 0-4: 25k-41k; SAC 0-2: 4k-5k)
+    # mixed precision (hidden layers in bfloat16): about as many steps as float32 (PPO seeds 0-4: 25k-41k;
+    # SAC seeds 0-2: 4k-5k)
     "ppo-bfloat16-torch-pendulum": ("ppo", "jaderl/Pendulum-v1", -200.0,
                                     {"seed": 0, **_settings("ppo_pendulum.yaml"), "total_steps": 100_000,
                                      "precision": "bfloat16"}),

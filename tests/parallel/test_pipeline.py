@@ -75,8 +75,8 @@ def _faulty_env_module(directory: Path, monkeypatch: pytest.MonkeyPatch, action:
 
 @pytest.mark.parametrize("precision", ["float32", "bfloat16"])
 def test_off_policy_pipeline_trains_evaluates_and_checkpoints(precision: str, tmp_path: Path) -> None:
-    """Explorers that step their sub-envs in processes of their own (env_workers) too; in mixed precision, the
-    explorers and the evaluator convert their networks as the learner does."""
+    """Explorers that step their sub-envs in processes of their own (env_workers) too; and in mixed precision (the
+    explorers and the evaluator convert their networks as the learner does where the CPU has bfloat16 units)."""
     result = jaderl.train("sac", "Pendulum-v1", total_steps=512, run_dir=tmp_path / "run", num_envs=2, env_workers=1,
                           precision=precision, **SMALL_SAC)
     assert result.stop_reason == "total_steps" and result.steps == 512  # 2 workers x 2 envs x 16 steps per round
