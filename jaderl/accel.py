@@ -15,12 +15,12 @@ lists in ``compiled_methods`` (by default ``act``) with compiled versions on tha
   agent continues in eager mode. The failed call is repeated eagerly from the random state it started with; the
   compiled functions change no other state, so the run goes on exactly as an eager one would.
 
-Eager mode is sped up as well: :class:`Tanh`, the hidden activation of the on-policy networks (every ``mlp`` built
-with ``nn.Tanh``), computes tanh on the CPU as 2 sigmoid(2x) - 1, which PyTorch's CPU kernels run several times faster
-than their tanh; the value differs by about 1e-7 at most and the derivative is the exact 1 - tanh^2.
+``precision=bfloat16`` (:func:`mixed_precision`, also applied by :func:`accelerate`) runs the layers that each network
+declares bfloat16 (:func:`jaderl.core.nets.declare_precision`: the hidden layers) in bfloat16 and everything else in
+float32.
 
-``precision=bfloat16`` (:func:`mixed_precision`, also applied by :func:`accelerate`) runs the hidden layers of every
-network in bfloat16 and everything else in float32.
+This module sits below the core and imports nothing of jaderl: it reads an agent's ``config``, ``device``,
+``networks()`` and ``compiled_methods``.
 
 Whether compiling pays depends on the device and the network size: it removes Python and kernel-launch overhead,
 which dominates small networks (on GPU always; on a CPU for networks of a few dozen units, like PPO's [64, 64]),
@@ -31,7 +31,6 @@ slower (SAC's [256, 256]); the ppo and sac sections of ``benchmarks/throughput.p
 from __future__ import annotations
 
 import functools
-import itertools
 import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -42,35 +41,7 @@ from torch import nn
 if TYPE_CHECKING:
     from jaderl.core.agent import Agent
 
-__all__ = ["Tanh", "accelerate", "compiled_mode", "mixed_precision", "native_bfloat16"]
-
-
-class _SigmoidTanh(torch.autograd.Function):
-    """tanh(x) = 2 sigmoid(2x) - 1 forward; backward from the output, as PyTorch's own tanh: grad (1 - y^2)."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
-        y = (x * 2.0).sigmoid_().mul_(2.0).sub_(1.0)
-        ctx.save_for_backward(y)
-        return y
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
-        (y,) = ctx.saved_tensors
-        return torch.ops.aten.tanh_backward(grad, y)
-
-
-class Tanh(torch.nn.Module):
-    """``nn.Tanh`` that is faster on the CPU: float32 tensors there take 2 sigmoid(2x) - 1 (about 3x faster than
-    ``torch.tanh`` on one AVX-512 core for a 2048 x 64 batch; at most about 1e-7 apart), and so do bfloat16 ones (the
-    output of a mixed-precision layer), computed in float32 and returned in bfloat16; other devices and dtypes, and
-    code being compiled (Inductor writes its own tanh), take ``torch.tanh``."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.device.type != "cpu" or x.dtype not in (torch.float32, torch.bfloat16) or torch.compiler.is_compiling():
-            return torch.tanh(x)
-        y = _SigmoidTanh.apply(x.float())  # bfloat16 (a mixed-precision layer's output): faster in float32
-        return y.to(x.dtype)
+__all__ = ["accelerate", "compiled_mode", "mixed_precision", "native_bfloat16", "rng_state", "set_rng_state"]
 
 
 def compiled_mode(device: torch.device) -> str | None:
@@ -138,24 +109,25 @@ class _CompiledMethod:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.fallback.failed:
             return self.eager(*args, **kwargs)
-        rng = _rng_state(self.device)
+        rng = rng_state(self.device)
         try:
             if self.cuda_graphs:
                 torch.compiler.cudagraph_mark_step_begin()  # the previous replay's outputs were copied out
                 return _copy_out(self.compiled(*args, **kwargs))
             return self.compiled(*args, **kwargs)
         except Exception as exc:  # compile errors surface at the first call of each new input signature
-            _set_rng_state(self.device, rng)
+            set_rng_state(self.device, rng)
             self.fallback.fail(self.name, exc)
             return self.eager(*args, **kwargs)
 
 
-def _rng_state(device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
+def rng_state(device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The CPU generator's state and, on CUDA, the device generator's (its seed and offset, held on the host)."""
     return torch.get_rng_state(), torch.cuda.get_rng_state(device) if device.type == "cuda" else None
 
 
-def _set_rng_state(device: torch.device, state: tuple[torch.Tensor, torch.Tensor | None]) -> None:
+def set_rng_state(device: torch.device, state: tuple[torch.Tensor, torch.Tensor | None]) -> None:
+    """Make ``state`` (from :func:`rng_state`) the CPU generator's (and ``device``'s CUDA generator's) state."""
     torch.set_rng_state(state[0])
     if state[1] is not None:
         torch.cuda.set_rng_state(state[1], device)
@@ -175,7 +147,7 @@ def _copy_out(value: Any) -> Any:
 def mixed_precision(agent: Agent, warn: bool = True) -> bool:
     """Make the hidden layers of ``agent``'s networks compute in bfloat16 when ``agent.config.precision`` says so.
 
-    A hidden layer (a linear, convolutional or ensemble layer whose output goes through an activation) runs under
+    A layer that its network declares bfloat16 (:func:`jaderl.core.nets.declare_precision`) runs under
     ``torch.autocast`` in bfloat16, its forward and backward matrix products included, and hands bfloat16 activations
     on: every layer of an MLP but its first and its last, and every layer of the image encoder (pixels have 8 bits).
     A network's first layer reads observations and actions in float32, as they come (1234.5 would be 1232 in
@@ -209,38 +181,14 @@ def native_bfloat16(device: torch.device) -> bool:
 
 
 def _convert_layers(agent: Agent) -> None:
-    """Install the forwards of :func:`mixed_precision` on the layers of ``agent``'s networks; a layer converted
-    already is left as it is."""
-    from jaderl.core.nets import EnsembleLinear, NatureCNN, QNet
-
-    layer_types = (nn.Linear, nn.Conv2d, EnsembleLinear)
-    roots = [m for m in vars(agent).values() if isinstance(m, nn.Module)]
-    modules = {id(m): m for root in roots for m in root.modules()}.values()  # each once, shared ones included
-    hidden: set[int] = set()
-    inputs: set[int] = set()
-    pixels: set[int] = set()
-    for container in modules:
-        children = list(container.children())
-        if isinstance(container, nn.Sequential):  # a layer followed by an activation (or a Flatten) is hidden
-            hidden.update(id(a) for a, b in itertools.pairwise(children)
-                          if isinstance(a, layer_types) and not isinstance(b, layer_types))
-        elif isinstance(container, nn.ModuleList):  # EnsembleQ's layers: all but the output layer
-            hidden.update(id(a) for a in children[:-1] if isinstance(a, layer_types))
-        if isinstance(container, QNet):  # its body's layers are all hidden (the heads are separate modules)
-            hidden.update(id(a) for a in container.body)
-        if isinstance(container, nn.Sequential | nn.ModuleList) and children:
-            inputs.add(id(children[0]))  # a network's first layer reads observations and actions in float32 ...
-        if isinstance(container, NatureCNN):  # ... but images are 8-bit: the whole encoder computes in bfloat16
-            pixels.update(id(m) for m in container.modules())
+    """Install the forwards of :func:`mixed_precision` on the layers of ``agent``'s networks as each layer declared
+    (``precision``: bfloat16, float32 or float32_output); a layer converted already is left as it is."""
+    forwards = {"bfloat16": _bfloat16_forward, "float32": _float32_forward, "float32_output": _float32_output_forward}
+    modules = {id(m): m for net in agent.networks().values() for m in net.modules()}.values()  # shared ones once
     for module in modules:  # instance-level forwards: copy.deepcopy and pickle rebind them to the copy
-        if "forward" in vars(module):
-            continue  # converted already
-        if id(module) in hidden and (id(module) not in inputs or id(module) in pixels):
-            module.forward = functools.partial(_bfloat16_forward, module)
-        elif isinstance(module, layer_types):
-            module.forward = functools.partial(_float32_forward, module)
-        elif isinstance(module, NatureCNN):  # its features reach other code in float32
-            module.forward = functools.partial(_float32_output_forward, module)
+        forward = forwards.get(getattr(module, "precision", ""))
+        if forward is not None and "forward" not in vars(module):
+            module.forward = functools.partial(forward, module)
 
 
 def _bfloat16_forward(self: nn.Module, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:

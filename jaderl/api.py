@@ -18,7 +18,7 @@ import torch
 from jaderl.accel import mixed_precision
 from jaderl.algos import ALGOS
 from jaderl.core.agent import Agent
-from jaderl.core.checkpoint import CHECKPOINT_JSON, load_checkpoint
+from jaderl.core.checkpoint import CHECKPOINT_JSON, finite_or_raise, load_checkpoint
 from jaderl.core.config import Config, ConfigError
 from jaderl.core.evaluator import BEST_POLICY, run_episodes
 from jaderl.core.loop import TrainingError, TrainResult, resolve_device
@@ -96,9 +96,9 @@ def _memory_advice(config: Config, exc: RuntimeError) -> str:
 
 RESUME_SETTINGS = ("total_steps", "time_limit", "target_return", "eval_every", "eval_episodes", "checkpoint_every",
                    "device", "num_threads", "compile", "precision", "env_workers")
-"""The settings a resumed run may change: budgets, evaluation and checkpoint cadence, and where and how it runs.
-Every other setting shaped the checkpoint's networks, optimizer states or replay buffer, or is kept inside them
-(a learning rate lives in the optimizer's state), so changing it means a new run."""
+"""The settings a resumed run may change besides the algorithm's mutable hyperparameters (``Agent.hyperparameters``,
+recorded in the run's config.yaml): budgets, evaluation and checkpoint cadence, and where and how it runs. Every
+other setting shaped the checkpoint's networks, optimizer states or replay buffer, so changing it means a new run."""
 
 
 def _checkpoint_meta(run_dir: str | Path) -> dict[str, Any]:
@@ -107,7 +107,7 @@ def _checkpoint_meta(run_dir: str | Path) -> dict[str, Any]:
     try:
         state = json.loads(path.read_text())["state"]
         return {"config": dict(state["config"]), "time_s": float(state["counters"]["time_s"]),
-                "steps": int(state["agent"]["steps"])}
+                "steps": int(state["agent"]["counters"]["steps"])}
     except (OSError, ValueError, KeyError, TypeError):
         raise ConfigError(f"{run_dir} holds no readable checkpoint ({path} is missing or damaged)") from None
 
@@ -123,17 +123,22 @@ def _saved_config(run_dir: str | Path, meta: dict[str, Any] | None = None) -> Co
 
 def resume(run_dir: str | Path, /, progress: Progress | None = None, **settings: Any) -> TrainResult:
     """Continue the run in ``run_dir`` from its last checkpoint; ``settings`` may change the
-    :data:`RESUME_SETTINGS` (budgets such as ``total_steps``, cadences, device)."""
+    :data:`RESUME_SETTINGS` (budgets such as ``total_steps``, cadences, device) and the algorithm's mutable
+    hyperparameters (``lr``, ``gamma`` ...: checked against their ranges and recorded in config.yaml)."""
     meta = _checkpoint_meta(run_dir)
     config = _saved_config(run_dir, meta)
     if "run_dir" in settings and Path(settings["run_dir"]).resolve() != Path(run_dir).resolve():
         raise ConfigError(f"run_dir={settings['run_dir']!r} cannot be given when resuming {run_dir}: the run goes "
                           "on in its own directory; drop --run-dir")
+    mutable = ALGOS[config.algo].agent_cls.hyperparameters
+    allowed = (*RESUME_SETTINGS, *mutable)
     for key, value in settings.items():
-        if key not in (*RESUME_SETTINGS, "run_dir") and hasattr(config, key) and value != getattr(config, key):
+        if key in mutable:
+            mutable[key].check(key, value)
+        if key not in (*allowed, "run_dir") and hasattr(config, key) and value != getattr(config, key):
             raise ConfigError(f"{key}={value!r} cannot change when resuming {run_dir}, which was started with "
-                              f"{key}={getattr(config, key)!r}; a resume may change only "
-                              f"{', '.join(RESUME_SETTINGS)}; start a new run for other settings")
+                              f"{key}={getattr(config, key)!r}; a resume may change only {', '.join(allowed)}; start "
+                              "a new run for other settings")
     config = config.replace(**{**settings, "run_dir": str(run_dir)})
     budgets = {"total_steps": (config.total_steps, meta["steps"]), "time_limit": (config.time_limit, meta["time_s"])}
     reached = [f"{name}={limit}" for name, (limit, used) in budgets.items() if limit is not None and used >= limit]
@@ -144,25 +149,112 @@ def resume(run_dir: str | Path, /, progress: Progress | None = None, **settings:
 
 
 def load(run_dir: str | Path, best: bool = True, device: str = "cpu") -> Agent:
-    """The agent saved in ``run_dir``, with its best evaluated policy (``best=True``) or its last state."""
-    config = _saved_config(run_dir)
-    config = config.replace(device=device)
-    env = make_env(config.env, 1, resolve_device(device))
-    agent = ALGOS[config.algo].agent_cls(config, env, resolve_device(device))
-    env.close()
-    mixed_precision(agent)  # the networks compute as they did in training (config.precision)
-    agent.load_state_dict(load_checkpoint(run_dir, part="agent"))  # not the replay buffer
-    best_path = Path(run_dir) / BEST_POLICY
-    if best and best_path.exists():
-        from safetensors import SafetensorError
-        from safetensors.torch import load_file
+    """The agent saved in ``run_dir``, with its best evaluated policy (``best=True``) or its last state.
 
-        try:
-            agent.load_policy_state_dict(load_file(str(best_path), device=str(agent.device)))
-        except (OSError, SafetensorError, KeyError, RuntimeError) as exc:
-            raise FileNotFoundError(f"{best_path} is damaged ({str(exc).splitlines()[0]}); delete it to use the "
-                                    "run's last checkpoint instead") from None
+    With ``best=True`` and a best-policy file, only that file's tensors are read (with the config from the
+    checkpoint's JSON, or from the run's ``config.yaml`` if that is unreadable), so a damaged checkpoint tensor file
+    does not stop an evaluation; the checkpoint's tensors are read for ``best=False`` or a run without a best policy.
+    Anything damaged that is needed, or parameters that are NaN or infinite, raise one sentence naming the file."""
+    run_dir = Path(run_dir)
+    meta = _checkpoint_json(run_dir)
+    config = _load_config(run_dir, meta).replace(device=device)
+    best_path = run_dir / BEST_POLICY
+    use_best = best and best_path.exists()
+    if not use_best and meta is None:
+        instead = "load its best policy (best=True) or " if best_path.exists() else ""
+        raise ConfigError(f"{run_dir} holds no readable checkpoint ({run_dir / CHECKPOINT_JSON} is missing or "
+                          f"damaged); {instead}pass the run directory of a run that has saved one")
+    env = make_env(config.env, 1, resolve_device(device))
+    try:
+        spec = env.spec  # agents are built from the env's description
+    finally:
+        env.close()
+    agent = ALGOS[config.algo].agent_cls(config, spec, resolve_device(device))
+    mixed_precision(agent)  # the networks compute as they did in training (config.precision)
+    if use_best:
+        _load_best_policy(agent, best_path)
+        if meta is not None:
+            _load_counters(agent, meta["state"]["agent"])
+    else:
+        assert meta is not None
+        _load_checkpoint_agent(agent, run_dir, meta, best_path.exists())
     return agent
+
+
+def _checkpoint_json(run_dir: Path) -> dict[str, Any] | None:
+    """``run_dir``'s checkpoint.json (its ``tensor_file`` and ``state`` with the config), or None if unreadable."""
+    try:
+        meta = json.loads((run_dir / CHECKPOINT_JSON).read_text())
+    except (OSError, ValueError):
+        return None
+    if (isinstance(meta, dict) and isinstance(meta.get("tensor_file"), str) and isinstance(meta.get("state"), dict)
+            and isinstance(meta["state"].get("config"), dict) and isinstance(meta["state"].get("agent"), dict)):
+        return meta
+    return None
+
+
+def _load_config(run_dir: Path, meta: dict[str, Any] | None) -> Config:
+    """The run's config: from its checkpoint's JSON, or from its ``config.yaml`` where that JSON is unreadable."""
+    if meta is not None:
+        return _saved_config(run_dir, {"config": meta["state"]["config"]})
+    yaml_path = run_dir / "config.yaml"
+    missing = f"{run_dir} holds no readable checkpoint ({run_dir / CHECKPOINT_JSON} and {yaml_path} are missing or "
+    try:
+        saved = Config.read_yaml(yaml_path)
+    except ConfigError:
+        raise ConfigError(f"{missing}unreadable); pass the run directory of a run that has saved one") from None
+    try:
+        return make_config(**saved)  # saved holds algo and env too
+    except TypeError:
+        raise ConfigError(f"{missing}damaged); pass the run directory of a run that has saved one") from None
+
+
+def _load_counters(agent: Agent, saved: dict[str, Any]) -> None:
+    """Set ``agent``'s counters (its steps) from the JSON of its checkpoint: plain numbers, no tensor file read."""
+    saved = saved.get("counters", saved)
+    if not isinstance(saved, dict):
+        return
+    numbers = {k: v for k, v in saved.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    counters = agent.counters
+    if callable(counters):  # counters() -> {name: value}, load_counters(values)
+        current = counters()
+        agent.load_counters({**current, **{k: v for k, v in numbers.items() if k in current}})
+    else:  # a tuple of attribute names
+        for name in set(counters) & set(numbers):
+            setattr(agent, name, numbers[name])
+
+
+def _load_best_policy(agent: Agent, best_path: Path) -> None:
+    """Load ``best_path`` into ``agent``'s policy modules, refusing a damaged file or non-finite parameters."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    fix = "delete it to use the run's last checkpoint instead"
+    try:
+        tensors = load_file(str(best_path), device=str(agent.device))
+        finite_or_raise(tensors, str(best_path), fix=fix)
+        agent.load_policy_state_dict(tensors)
+    except (OSError, SafetensorError, KeyError, RuntimeError) as exc:
+        raise FileNotFoundError(f"{best_path} is damaged ({str(exc).splitlines()[0]}); {fix}") from None
+
+
+def _load_checkpoint_agent(agent: Agent, run_dir: Path, meta: dict[str, Any], has_best: bool) -> None:
+    """Load the agent state of ``run_dir``'s checkpoint (not its replay buffer) into ``agent``, refusing a damaged
+    tensor file or non-finite parameters in one sentence."""
+    tensor_path = run_dir / meta["tensor_file"]
+    fix = (("load its best policy instead (best=True, as `jaderl eval` does), or " if has_best else "")
+           + "restore the run directory from a copy or start a new run")
+    try:
+        state = load_checkpoint(run_dir, agent.device, part="agent")
+        finite_or_raise({"agent": state}, str(tensor_path))
+        agent.load_state_dict(state)
+    except ConfigError:
+        raise
+    except (FileNotFoundError, KeyError, TypeError, ValueError, RuntimeError) as exc:
+        cause = exc.__context__ if isinstance(exc, FileNotFoundError) and exc.__context__ is not None else exc
+        reason = (str(cause).splitlines() or [type(cause).__name__])[0]
+        raise FileNotFoundError(f"{run_dir} holds no readable checkpoint: {tensor_path} is missing or damaged "
+                                f"({reason}); {fix}") from None
 
 
 def evaluate(run_dir: str | Path, episodes: int = 10, seed: int = 12_345, device: str = "cpu") -> dict[str, Any]:

@@ -1,11 +1,20 @@
-"""The ``jaderl`` command: train, resume, evaluate, and list algorithms and envs (a thin shell over jaderl.api)."""
+"""The ``jaderl`` command: train, resume, evaluate, and list algorithms and envs (a thin shell over jaderl.api).
+
+Exit codes: 0 done; 1 training failed (a loss became NaN, out of memory, a full disk); 2 a usage, config, env or
+run-directory problem, said in one line on stderr; 130 stopped by Ctrl-C (a run that saved its final checkpoint
+still prints its summary); 141 stdout was closed early (``jaderl algos | head -n 1``): the rest of the output is
+dropped without a message, and 141 = 128 + SIGPIPE is what a shell reports for a program a closed pipe ended.
+"""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import decimal
 import json
 import math
+import os
 import sys
 import time
 from typing import Any, NoReturn
@@ -15,10 +24,28 @@ from jaderl.core.config import Config, ConfigError, parse_assignment
 from jaderl.core.loop import TrainingError, TrainResult
 from jaderl.envs.vec import EnvError
 
+EXIT_INTERRUPTED = 130  # 128 + SIGINT
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE
+
+
+def whole_number(text: str) -> int:
+    """An integer flag's value: digits, or any number that is whole, written as a float (``1e5``, ``6.4e1``)."""
+    try:
+        value = decimal.Decimal(text.strip())
+    except decimal.InvalidOperation:
+        value = decimal.Decimal("NaN")
+    if not value.is_finite() or value != value.to_integral_value():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number; write one such as 100000 or 1e5")
+    if value.adjusted() > 18 or abs(value) >= 2**63:  # (adjusted: the exponent, read before any arithmetic)
+        raise argparse.ArgumentTypeError(f"{text} is out of range; write a whole number of at most 18 digits")
+    return int(value)
+
+
 # flag -> config field, for the flags that set one
-TRAIN_FLAGS = {"seed": int, "num_envs": int, "total_steps": int, "target_return": float, "time_limit": float,
-               "device": str, "run_dir": str, "eval_every": int, "eval_episodes": int, "checkpoint_every": int,
-               "workers": int, "learners": int}
+TRAIN_FLAGS = {"seed": whole_number, "num_envs": whole_number, "total_steps": whole_number, "target_return": float,
+               "time_limit": float, "device": str, "run_dir": str, "eval_every": whole_number,
+               "eval_episodes": whole_number, "checkpoint_every": whole_number, "workers": whole_number,
+               "learners": whole_number}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -47,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--json", action="store_true", help="print the result as one JSON object on the last line")
     evaluate = sub.add_parser("eval", help="evaluate the best policy of a run")
     evaluate.add_argument("run_dir")
-    evaluate.add_argument("--episodes", type=int, default=10)
+    evaluate.add_argument("--episodes", type=whole_number, default=10)
     evaluate.add_argument("--device", default="cpu")
     evaluate.add_argument("--json", action="store_true")
     backtest = sub.add_parser("backtest", help="backtest the best policy of a jaderl/StockTrading-v0 run against "
@@ -111,6 +138,7 @@ def _train(args: argparse.Namespace) -> TrainResult:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    code = 0
     try:
         if args.command == "train":
             result = _train(args)
@@ -119,6 +147,8 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(out) if args.json else
                   f"{result.stop_reason}: {result.steps:,} steps in {result.time_s:.1f} s, best evaluation "
                   f"{result.best_eval_return:.2f}; run directory {result.run_dir}")
+            if result.stop_reason == "interrupted":  # Ctrl-C: the final checkpoint is saved, but the run did not end
+                code = EXIT_INTERRUPTED
         elif args.command == "eval":
             report = api.evaluate(args.run_dir, episodes=args.episodes, device=args.device)
             print(json.dumps(report) if args.json else
@@ -129,11 +159,11 @@ def main(argv: list[str] | None = None) -> int:
             result = backtest(api.load(args.run_dir, device=args.device))
             print(json.dumps(result.to_dict()) if args.json else result.format())
         elif args.command == "algos":
-            from jaderl.algos import ALGOS
+            from jaderl.algos import ALGOS, action_spaces
 
             for name, spec in ALGOS.items():
                 cls = spec.agent_cls
-                spaces = "/".join(s for s, ok in (("discrete", cls.discrete), ("continuous", cls.continuous)) if ok)
+                spaces = "/".join(action_spaces(cls))
                 print(f"{name:<12} {spaces:<20} {spec.summary}")
         elif args.command == "envs":
             from jaderl.envs import TORCH_ENVS
@@ -143,6 +173,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{'any Gymnasium id':<32} e.g. CartPole-v1, Pendulum-v1, HalfCheetah-v5 (stepped in this process)")
             print(f"{'ALE/<Game>-v5':<32} Atari through ale-py, standard preprocessing (pip install jaderl[atari]);"
                   " also <Game>NoFrameskip-v4 and <Game>-v4")
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's flush at exit
+    except BrokenPipeError:  # `jaderl algos | head -n 1`: the reader has all it wanted (the recipe of Python's docs)
+        with contextlib.suppress(OSError, ValueError):  # (a stdout without a file descriptor has nothing to redirect)
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())  # the output still buffered goes nowhere at exit, without an error
+            os.close(devnull)
+        return EXIT_BROKEN_PIPE
     except (ConfigError, EnvError, FileNotFoundError) as exc:
         _fail(str(exc))
     except TrainingError as exc:
@@ -150,13 +187,13 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:  # a Ctrl-C outside training's own handling (set-up, or a second one while saving)
         print("jaderl: interrupted; the last complete checkpoint is kept", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
     except OSError as exc:  # a full disk, a lost mount: the checkpoint on disk is the last complete one
         where = f" ({exc.filename})" if exc.filename else ""
         print(f"jaderl: error: {exc.strerror or exc}{where}; the last complete checkpoint is kept: free space or "
               "fix the path, then continue with --resume", file=sys.stderr)
         return 1
-    return 0
+    return code
 
 
 if __name__ == "__main__":

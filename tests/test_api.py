@@ -65,7 +65,7 @@ def test_short_run_writes_every_artefact(tmp_path: Path, tiny_ppo: Settings) -> 
                       parse_constant=lambda c: pytest.fail(f"checkpoint.json holds {c}, which is not JSON"))
     assert meta["tensor_file"] == "ckpt-512.safetensors"
     state = load_checkpoint(run_dir)
-    assert state["agent"]["steps"] == 512 and state["config"]["total_steps"] == 512
+    assert state["agent"]["counters"]["steps"] == 512 and state["config"]["total_steps"] == 512
     policy = load_file(str(run_dir / "best_policy.safetensors"))
     assert any(k.startswith("actor.") for k in policy) and any(k.startswith("obs_norm.") for k in policy)
     assert not any(k.startswith("critic.") for k in policy)
@@ -78,14 +78,14 @@ def test_stops_on_time_limit(tmp_path: Path, tiny_ppo: Settings) -> None:
     assert result.stop_reason == "time_limit"
     assert 0.5 <= result.time_s < 30 and result.steps < 10**8
     assert _steps(tmp_path / "run") == [result.steps]  # evaluated and checkpointed once, at the end
-    assert load_checkpoint(tmp_path / "run")["agent"]["steps"] == result.steps
+    assert load_checkpoint(tmp_path / "run")["agent"]["counters"]["steps"] == result.steps
 
 
 def test_stops_when_solved(tmp_path: Path, tiny_ppo: Settings) -> None:
     result = jaderl.train("ppo", ENV, run_dir=str(tmp_path / "run"), **tiny_ppo(total_steps=10**6, target_return=5))
     assert (result.stop_reason, result.solved, result.steps) == ("solved", True, 256)  # the first evaluation
     assert result.best_eval_return >= 5
-    assert load_checkpoint(tmp_path / "run")["agent"]["steps"] == 256
+    assert load_checkpoint(tmp_path / "run")["agent"]["counters"]["steps"] == 256
 
 
 def test_not_solved_below_target(tmp_path: Path, tiny_ppo: Settings) -> None:
@@ -108,7 +108,7 @@ def test_stops_on_stop_file(tmp_path: Path, tiny_ppo: Settings) -> None:
     assert result.steps == 256 + 4 * 32  # one more iteration (num_envs * horizon) sees the file
     assert not (run_dir / "stop").exists()  # consumed, so a resume does not stop at once
     assert [i["steps"] for i in seen] == [128, 256, 384] and [i["done"] for i in seen] == [False, False, True]
-    assert _steps(run_dir) == [384] and load_checkpoint(run_dir)["agent"]["steps"] == 384
+    assert _steps(run_dir) == [384] and load_checkpoint(run_dir)["agent"]["counters"]["steps"] == 384
 
 
 def test_same_seed_same_metrics(tmp_path: Path, tiny_ppo: Settings) -> None:
@@ -119,8 +119,8 @@ def test_same_seed_same_metrics(tmp_path: Path, tiny_ppo: Settings) -> None:
         runs.append([tuple(r[c] for c in columns) for r in _rows(tmp_path / name)])
     assert len(runs[0]) == 3 and runs[0] == runs[1]
     a, b = load_checkpoint(tmp_path / "a")["agent"], load_checkpoint(tmp_path / "b")["agent"]
-    for key, value in a["actor"].items():
-        assert torch.equal(value, b["actor"][key])
+    for key, value in a["networks"]["actor"].items():
+        assert torch.equal(value, b["networks"]["actor"][key])
 
 
 def _actions(agent: Any, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -184,7 +184,7 @@ def test_resume_continues_step_counts(tmp_path: Path, tiny_ppo: Settings) -> Non
     assert seen == [640, 768, 896, 1024]  # continued from the checkpoint at 512, not from 0
     steps = _steps(run_dir)
     assert steps == [256, 512, 768, 1024] and len(set(steps)) == len(steps)
-    assert load_checkpoint(run_dir)["agent"]["steps"] == 1024
+    assert load_checkpoint(run_dir)["agent"]["counters"]["steps"] == 1024
     assert [p.name for p in run_dir.glob("ckpt-*")] == ["ckpt-1024.safetensors"]
     assert Config.read_yaml(run_dir / "config.yaml")["total_steps"] == 1024
     assert result.time_s > first.time_s  # the clock carries on from the checkpoint too
@@ -230,7 +230,7 @@ def test_empty_existing_run_dir_is_used(tmp_path: Path, tiny_ppo: Settings) -> N
 def test_api_errors(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="unknown algorithm 'nope'; choose one of: ppo"):
         api.make_config("nope", ENV)
-    with pytest.raises(ConfigError, match="does not support the continuous actions"):
+    with pytest.raises(ConfigError, match="cannot train on jaderl/Pendulum-v1: its actions are continuous"):
         jaderl.train("dqn", "jaderl/Pendulum-v1", run_dir=str(tmp_path / "run"), device="cpu")
     assert not (tmp_path / "run").exists()
     with pytest.raises(ConfigError, match="episodes=0"):

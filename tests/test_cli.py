@@ -6,7 +6,9 @@ import contextlib
 import csv
 import io
 import json
+import math
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -254,7 +256,7 @@ def test_sigkill_then_resume(tmp_path: Path) -> None:
         if proc.stderr:
             proc.stderr.close()
     meta = json.loads((run_dir / CHECKPOINT_JSON).read_text())
-    saved_steps = meta["state"]["agent"]["steps"]
+    saved_steps = meta["state"]["agent"]["counters"]["steps"]
     assert meta["tensor_file"] == f"ckpt-{saved_steps}.safetensors" and saved_steps >= 4096
     assert saved_steps % 2048 == 0
     target = saved_steps + 2 * 2048
@@ -379,3 +381,212 @@ def test_the_first_progress_line_of_a_resumed_run_shows_its_rate(capsys: pytest.
     line = capsys.readouterr().err
     rate = int(line.split("|")[1].split()[0].replace(",", ""))
     assert 9_000 < rate <= 10_240, line  # 20,480 steps in 2 s of training, not 0 steps/s
+
+
+# --- an honest run lifecycle: Ctrl-C, closed pipes, damaged or diverged checkpoints, 1e5-style counts ---
+
+def _copy_run(trained_run: tuple[Path, dict[str, Any]], tmp_path: Path) -> tuple[Path, Path]:
+    """A copy of the finished run and the path of its checkpoint's tensor file."""
+    run_dir = tmp_path / "copy"
+    shutil.copytree(trained_run[0], run_dir)
+    tensor_file = _checkpoint_file(run_dir)
+    assert tensor_file is not None
+    return run_dir, run_dir / tensor_file
+
+
+def test_ctrl_c_after_the_final_checkpoint_exits_130(tmp_path: Path) -> None:
+    """SIGINT in the middle of a run: the loop saves its last checkpoint and reports, and the exit code says that the
+    run was interrupted (130), not that it finished (0)."""
+    run_dir = tmp_path / "run"
+    argv = ["train", "ppo", "jaderl/Pendulum-v1", "--run-dir", str(run_dir), "--total-steps", "1e9", "--num-envs",
+            "4", "--eval-every", "128", "--checkpoint-every", "1e9", "--eval-episodes", "1", "--device", "cpu",
+            "--set", "hidden=[16]", "--set", "horizon=32", "--set", "minibatch_size=64", "--set", "num_epochs=1",
+            "--json"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "jaderl.cli", *argv], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr is not None
+        first = proc.stderr.readline()  # the first progress line: the first evaluation is done
+        assert first.startswith("steps "), first + proc.stderr.read()
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "error" not in err, err
+    report = json.loads(out.splitlines()[-1])
+    assert report["stop_reason"] == "interrupted" and report["run_dir"] == str(run_dir)
+    meta = json.loads((run_dir / CHECKPOINT_JSON).read_text())
+    assert report["steps"] >= 128 and meta["tensor_file"] == f"ckpt-{report['steps']}.safetensors"  # the final one
+
+
+def test_the_text_summary_of_an_interrupted_run_exits_130(monkeypatch: pytest.MonkeyPatch,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    from jaderl.core.loop import TrainResult
+
+    def interrupted(*args: Any, **kwargs: Any) -> TrainResult:
+        return TrainResult(solved=False, steps=384, time_s=1.5, best_eval_return=20.0, last_eval_return=18.0,
+                           stop_reason="interrupted", run_dir="runs/x")
+
+    monkeypatch.setattr("jaderl.api.train", interrupted)
+    code, out, err = _run(["train", "ppo", ENV], capsys)
+    assert code == 130 and err == ""
+    assert out == "interrupted: 384 steps in 1.5 s, best evaluation 20.00; run directory runs/x\n"
+
+
+@pytest.mark.parametrize("argv", [["algos"], ["envs"], ["eval", "RUN", "--episodes", "2", "--json"]])
+def test_a_closed_pipe_on_stdout_exits_quietly_with_141(argv: list[str], trained_run: tuple[Path, dict[str, Any]],
+                                                        tmp_path: Path) -> None:
+    """`jaderl algos | head -n 1`: the reader closed the pipe before the output came; no checkpoint is blamed."""
+    argv = [str(trained_run[0]) if a == "RUN" else a for a in argv]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "jaderl.cli", *argv], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # the reader is gone long before the command prints: every write meets a closed pipe
+    try:
+        err = proc.stderr.read()
+        assert proc.wait(timeout=60) == 141, err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stderr.close()
+    assert err == ""  # no traceback, no "Exception ignored", no word about checkpoints
+
+
+def test_a_closed_pipe_in_a_shell_pipeline(trained_run: tuple[Path, dict[str, Any]], tmp_path: Path) -> None:
+    """The same through a shell: `jaderl eval RUN | head -c 0`, a reader that is gone before the output comes."""
+    shell = shutil.which("bash")
+    if shell is None:
+        pytest.skip("needs bash")
+    command = (f"{sys.executable} -m jaderl.cli eval {trained_run[0]} --episodes 2 --json | head -c 0; "
+               'echo " ${PIPESTATUS[0]}"')
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    done = subprocess.run([shell, "-c", command], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert done.stdout.split() == ["141"] and done.stderr == "", done.stderr
+
+
+def test_eval_uses_the_best_policy_when_the_checkpoint_tensors_are_damaged(
+        trained_run: tuple[Path, dict[str, Any]], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import jaderl
+
+    run_dir, tensor_path = _copy_run(trained_run, tmp_path)
+    intact = _run(["eval", str(run_dir), "--episodes", "2", "--json"], capsys)
+    assert intact[0] == 0, intact[2]
+    original = tensor_path.read_bytes()
+    for damaged in (original[:100], b"\x00garbage" * 64, original[:8] + b"{not json" + original[17:]):
+        tensor_path.write_bytes(damaged)  # cut short, overwritten, a broken header
+        code, out, err = _run(["eval", str(run_dir), "--episodes", "2", "--json"], capsys)
+        assert code == 0 and err == "", err
+        assert json.loads(out.splitlines()[-1]) == json.loads(intact[1].splitlines()[-1])  # the same best policy
+        assert jaderl.load(run_dir).steps == 512  # the counters come from the checkpoint's JSON
+        with pytest.raises(FileNotFoundError, match=rf"^{re.escape(str(run_dir))} holds no readable checkpoint: "
+                                                    rf"{re.escape(str(tensor_path))} is missing or damaged \(.+\); "
+                                                    "load its best policy instead"):
+            jaderl.load(run_dir, best=False)
+    (run_dir / CHECKPOINT_JSON).write_text("{")  # and a damaged checkpoint.json: the config comes from config.yaml
+    code, out, err = _run(["eval", str(run_dir), "--episodes", "2", "--json"], capsys)
+    assert code == 0 and json.loads(out.splitlines()[-1]) == json.loads(intact[1].splitlines()[-1]), err
+
+
+def test_eval_with_the_checkpoint_and_the_best_policy_damaged_is_one_line(
+        trained_run: tuple[Path, dict[str, Any]], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run_dir, tensor_path = _copy_run(trained_run, tmp_path)
+    best = run_dir / "best_policy.safetensors"
+    tensor_path.write_bytes(tensor_path.read_bytes()[:100])
+    best.write_bytes(b"garbage")
+    code, out, err = _run(["eval", str(run_dir)], capsys)
+    _assert_one_line_error(code, err)
+    assert out == "" and f"{best} is damaged" in err and "delete it to use the run's last checkpoint instead" in err
+    best.unlink()  # as it says: then the last checkpoint is needed, and it is damaged too
+    code, out, err = _run(["eval", str(run_dir), "--json"], capsys)
+    _assert_one_line_error(code, err)
+    assert out == "" and f"{tensor_path} is missing or damaged" in err
+    assert err.rstrip().endswith("restore the run directory from a copy or start a new run")
+    (run_dir / CHECKPOINT_JSON).unlink()
+    code, out, err = _run(["eval", str(run_dir)], capsys)
+    _assert_one_line_error(code, err)
+    assert f"{run_dir / CHECKPOINT_JSON} is missing or damaged" in err
+
+
+def _poison(tensor_path: Path, prefix: str = "/agent/") -> str:
+    """Write NaN into the first floating-point tensor under ``prefix`` of a checkpoint file; returns its key."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    with safe_open(str(tensor_path), framework="pt") as f:
+        metadata = f.metadata()
+    tensors = load_file(str(tensor_path))
+    key = next(k for k, v in sorted(tensors.items()) if k.startswith(prefix) and v.is_floating_point() and v.numel())
+    tensors[key] = tensors[key].clone()
+    tensors[key].view(-1)[0] = math.nan
+    save_file(tensors, str(tensor_path), metadata=metadata)
+    return key
+
+
+def test_nan_parameters_in_a_checkpoint_are_refused(trained_run: tuple[Path, dict[str, Any]], tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    import jaderl
+    from jaderl.core.config import ConfigError
+
+    run_dir, tensor_path = _copy_run(trained_run, tmp_path)
+    key = _poison(tensor_path)
+    name = key.strip("/").replace("/", ".")  # e.g. agent.actor.net.0.weight
+    code, out, err = _run(["eval", str(run_dir), "--episodes", "2"], capsys)
+    assert code == 0 and "over 2 episodes" in out, err  # the best policy is intact and needs no checkpoint tensors
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(tensor_path))} holds NaN or infinite parameters "
+                                          rf"\({re.escape(name)}\); resume from an earlier copy or start a new run$"):
+        jaderl.load(run_dir, best=False)
+    (run_dir / "best_policy.safetensors").unlink()
+    code, out, err = _run(["eval", str(run_dir), "--json"], capsys)
+    _assert_one_line_error(code, err)
+    assert out == "" and err.strip() == (f"jaderl: error: {tensor_path} holds NaN or infinite parameters ({name}); "
+                                         "resume from an earlier copy or start a new run")
+
+
+def test_finite_or_raise_names_the_first_bad_tensor() -> None:
+    from jaderl.core.checkpoint import finite_or_raise
+    from jaderl.core.config import ConfigError
+
+    ok = {"agent": {"actor": {"w": torch.ones(2)}, "steps": 5, "rng": torch.zeros(3, dtype=torch.uint8)},
+          "best": -math.inf}
+    finite_or_raise(ok, "f")  # counters may be infinite (no evaluation yet): only tensors are parameters
+    bad = {"agent": {"actor": {"w": torch.tensor([1.0, math.inf])}, "opt": [{"m": torch.tensor(math.nan)}]}}
+    with pytest.raises(ConfigError, match=r"^f holds NaN or infinite parameters \(agent\.actor\.w and 1 more\); "):
+        finite_or_raise(bad, "f")
+
+
+def test_counts_may_be_written_like_1e5(tmp_path: Path, trained_run: tuple[Path, dict[str, Any]],
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    from jaderl.cli import build_parser
+
+    args = build_parser().parse_args(["train", "ppo", ENV, "--total-steps", "1e5", "--num-envs", "6.4e1",
+                                      "--eval-every", "2e4", "--checkpoint-every", "1_000", "--seed", "7"])
+    assert (args.total_steps, args.num_envs, args.eval_every, args.checkpoint_every, args.seed) == \
+        (100_000, 64, 20_000, 1000, 7)
+    assert all(type(v) is int for v in (args.total_steps, args.num_envs, args.eval_every))
+    assert build_parser().parse_args(["eval", "RUN", "--episodes", "3e0"]).episodes == 3
+    code, out, err = _run(["train", "ppo", ENV, "--run-dir", str(tmp_path / "r"), *TINY, "--total-steps", "2.56e2",
+                           "--eval-every", "2.56E2", "--num-envs", "4e0", "--json"], capsys)
+    assert code == 0, err
+    assert json.loads(out.splitlines()[-1])["steps"] == 256
+    code, out, err = _run(["eval", str(trained_run[0]), "--episodes", "2e0", "--json"], capsys)
+    assert code == 0 and json.loads(out.splitlines()[-1])["episodes"] == 2, err
+
+
+@pytest.mark.parametrize(("flag", "value"), [("--total-steps", "1.5e3.7"), ("--num-envs", "1.5"),
+                                             ("--eval-every", "abc"), ("--total-steps", "nan"),
+                                             ("--checkpoint-every", "inf"), ("--seed", "2.5e-1"),
+                                             ("--total-steps", "1e30"), ("--episodes", "2.5")])
+def test_counts_that_are_not_whole_numbers_are_refused(flag: str, value: str, tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    run_dir = tmp_path / "run"
+    argv = ["eval", str(run_dir)] if flag == "--episodes" else ["train", "ppo", ENV, "--run-dir", str(run_dir)]
+    code, out, err = _run([*argv, flag, value], capsys)
+    _assert_one_line_error(code, err)
+    assert out == "" and f"argument {flag}: " in err and value in err and not run_dir.exists()
+    assert "is not a whole number; write one such as 100000 or 1e5" in err or "is out of range" in err

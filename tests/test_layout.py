@@ -41,3 +41,76 @@ def test_the_core_stays_under_its_budget() -> None:
     counts = {path.name: lines_of_code(path.read_text()) for path in sorted(core.glob("*.py"))}
     total = sum(counts.values())
     assert total < CORE_BUDGET, f"jaderl/core has {total} lines of code ({counts}); the README promises under 1,000"
+
+
+LAYERS = ["envs", "accel", "interrupts", "core", "algos", "marl", "parallel", "population", "integrations", "api",
+          "cli"]
+"""Lower first: a module may import only from its own layer or lower ones (docs/architecture.md)."""
+
+
+def _imports() -> dict[str, set[str]]:
+    """Every jaderl module and the jaderl modules it imports, at module level or inside functions (a lazy import
+    that dodges a cycle is still a dependency); imports under ``if TYPE_CHECKING:`` are not."""
+    root = Path(jaderl.__file__).parent
+    names = {}
+    for path in root.rglob("*.py"):
+        parts = path.relative_to(root.parent).with_suffix("").parts
+        names[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph: dict[str, set[str]] = {}
+    for name, path in names.items():
+        tree = ast.parse(path.read_text())
+        typing_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
+                       and "TYPE_CHECKING" in ast.unparse(node.test) for n in ast.walk(node)}
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        found: set[str] = set()
+        for node in ast.walk(tree):
+            if id(node) in typing_only:
+                continue
+            if isinstance(node, ast.Import):
+                found |= {alias.name for alias in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join(up + ([base] if base else []))
+                found |= {base} | {f"{base}.{alias.name}" for alias in node.names}
+        # a package's __init__ importing its own submodules is how a package is assembled, not a dependency
+        # (``from jaderl import api`` names the package only to reach its submodule)
+        graph[name] = {d for d in found if d in names and d not in (name, "jaderl") and not d.startswith(name + ".")}
+    return graph
+
+
+def test_no_import_cycles() -> None:
+    graph = _imports()
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    cycles: list[list[str]] = []
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for dep in sorted(graph[node]):
+            if state.get(dep) == 1:
+                cycles.append([*path[path.index(dep):], dep])
+            elif dep not in state:
+                visit(dep, [*path, dep])
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [node])
+    assert not cycles, f"import cycles inside jaderl/: {[' -> '.join(c) for c in cycles]}"
+
+
+def test_a_test_of_cycles_finds_one() -> None:
+    """The cycle test's own check: the graph builder sees a function-level import."""
+    graph = _imports()
+    assert "jaderl.core.agent" in graph["jaderl.core.loop"]
+    assert "jaderl.api" in graph["jaderl.cli"]
+
+
+def test_arrows_point_down() -> None:
+    def layer(module: str) -> int:
+        part = module.split(".")[1] if module.count(".") else ""
+        return LAYERS.index(part) if part in LAYERS else len(LAYERS)  # jaderl/__init__ sits on top
+
+    upward = [f"{m} -> {d}" for m, deps in _imports().items() for d in deps if layer(d) > layer(m)]
+    assert not upward, f"imports that point up the layers {LAYERS}: {upward}"

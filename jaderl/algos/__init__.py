@@ -13,6 +13,7 @@ from jaderl.algos.sac import SAC, SACConfig
 from jaderl.algos.sac_discrete import DiscreteSAC, DiscreteSACConfig
 from jaderl.algos.td3 import DDPG_PRESET, TD3, TD3Config
 from jaderl.core.agent import Agent
+from jaderl.envs.vec import EnvSpec
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,7 +48,14 @@ ALGOS: dict[str, AlgoSpec] = {
     "a2c": AlgoSpec(A2C, {}, "Advantage Actor-Critic (synchronous, n-step returns, one step per rollout)"),
 }
 
-__all__ = ["ALGOS", "DQN", "PPO", "SAC", "AlgoSpec", "DQNConfig", "PPOConfig", "SACConfig"]
+def action_spaces(agent_cls: type[Agent]) -> tuple[str, ...]:
+    """The single-agent action spaces ``agent_cls`` trains on ("discrete", "continuous"), as its ``accepts`` says."""
+    probes = {kind: EnvSpec(num_envs=1, obs_shape=(3,), is_discrete=kind == "discrete", action_dim=2)
+              for kind in ("discrete", "continuous")}
+    return tuple(kind for kind, spec in probes.items() if agent_cls.accepts(spec) is None)
+
+
+__all__ = ["ALGOS", "DQN", "PPO", "SAC", "AlgoSpec", "DQNConfig", "PPOConfig", "SACConfig", "action_spaces"]
 __all__ += ["A2C", "A2CConfig", "Reinforce", "ReinforceConfig"]
 __all__ += ["TD3", "TD3Config"]
 __all__ += ["DiscreteSAC", "DiscreteSACConfig"]

@@ -18,37 +18,29 @@ import dataclasses
 
 import torch
 
-from jaderl.core.agent import OnPolicyAgent
+from jaderl.algos.base import OnPolicyAgent, OnPolicyConfig
 from jaderl.core.buffers import RolloutBuffer
-from jaderl.core.config import Config, ConfigError, param
-from jaderl.envs.vec import VecEnv
+from jaderl.core.config import ConfigError, param
+from jaderl.envs.vec import EnvSpec
 
 OPTIMIZERS = ("rmsprop", "adam")
 
 
 @dataclasses.dataclass
-class A2CConfig(Config):
+class A2CConfig(OnPolicyConfig):
     """A2C settings; the defaults follow Stable-Baselines3 / RL-Zoo (RMSprop, 5-step returns)."""
 
     num_envs: int = param(16, "sub-envs stepped in one batch", low=1)
     horizon: int = param(5, "steps each sub-env takes per rollout: n of the n-step returns", low=1)
     lr: float = param(7e-4, "learning rate", low=0.0, open_low=True)
-    hidden: list[int] = param((64, 64), "hidden layer sizes of the actor and the critic")
     optimizer: str = param("rmsprop", "rmsprop (as in the paper, alpha=0.99, eps=1e-5) or adam (eps=1e-5)")
     gae_lambda: float = param(1.0, "GAE lambda; 1 gives n-step returns", low=0.0, high=1.0)
-    ent_coef: float = param(0.0, "entropy bonus weight", low=0.0)
-    vf_coef: float = param(0.5, "value loss weight", low=0.0)
-    max_grad_norm: float = param(0.5, "clip gradient norm to this (0 disables)", low=0.0)
     normalize_advantages: bool = param(False, "standardise the advantages over each rollout")
-    log_std_init: float = param(-0.5, "initial log standard deviation of the Gaussian policy (continuous actions)")
 
     def validate(self) -> None:
         super().validate()
         if self.optimizer not in OPTIMIZERS:
             raise ConfigError(f"optimizer={self.optimizer!r} is invalid: use one of {', '.join(OPTIMIZERS)}")
-        if self.normalize_advantages and self.num_envs * self.horizon < 2:
-            raise ConfigError("normalize_advantages=true needs at least 2 transitions per rollout "
-                              f"(num_envs * horizon = {self.num_envs * self.horizon}); collect more or disable it")
 
 
 class A2C(OnPolicyAgent):
@@ -56,16 +48,14 @@ class A2C(OnPolicyAgent):
 
     config_cls = A2CConfig
     compiled_methods = ("act", "explore_action")
-    """The pure functions :func:`jaderl.accel.accelerate` compiles (the optimizer steps stay eager)."""
     config: A2CConfig
 
-    def __init__(self, config: A2CConfig, env: VecEnv, device: torch.device) -> None:
-        super().__init__(config, env, device)
-        params = self.build_actor_critic(config.hidden, critic=True, log_std_init=config.log_std_init)
+    def __init__(self, config: A2CConfig, spec: EnvSpec, device: torch.device) -> None:
+        super().__init__(config, spec, device)
+        self.build_actor_critic(config.hidden, critic=True, log_std_init=config.log_std_init)
         if config.optimizer == "rmsprop":  # SB3's A2C optimizer (PyTorch's RMSprop: eps outside the root)
-            self.optimizer: torch.optim.Optimizer = torch.optim.RMSprop(params, lr=config.lr, alpha=0.99, eps=1e-5)
-        else:
-            self.optimizer = self.adam(params, lr=config.lr, eps=1e-5)
+            params = [p for group in self.optimizer.param_groups for p in group["params"]]
+            self.optimizer = torch.optim.RMSprop(params, lr=config.lr, alpha=0.99, eps=1e-5)
 
     def update(self, buffer: RolloutBuffer) -> dict[str, torch.Tensor]:
         cfg, data = self.config, buffer.data
@@ -85,5 +75,5 @@ class A2C(OnPolicyAgent):
         loss = policy_loss + cfg.vf_coef * value_loss - cfg.ent_coef * entropy.mean()
         self.optimize(self.optimizer, loss)
         self.obs_norm.update(data["obs"])  # after learning, so the log-probabilities above used the acting statistics
-        stats = torch.stack([policy_loss, value_loss, entropy.mean()]).detach()
-        return dict(zip(("loss/policy", "loss/value", "policy/entropy"), stats.unbind(), strict=True))
+        return {"loss/policy": policy_loss.detach(), "loss/value": value_loss.detach(),
+                "policy/entropy": entropy.mean().detach()}

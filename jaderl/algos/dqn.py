@@ -17,15 +17,18 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+from typing import Any, ClassVar
 
 import torch
+from torch import nn
 from torch.nn import functional as F
 
-from jaderl.core.agent import OffPolicyAgent
+from jaderl.algos.base import OffPolicyAgent, OffPolicyConfig
+from jaderl.algos.nets import EncodedNet, QNet
+from jaderl.core.agent import Hyperparameter
 from jaderl.core.buffers import ReplayBuffer
-from jaderl.core.config import OffPolicyConfig, param
-from jaderl.core.nets import EncodedNet, QNet
-from jaderl.envs.vec import VecEnv
+from jaderl.core.config import param
+from jaderl.envs.vec import EnvSpec
 
 
 @dataclasses.dataclass
@@ -53,15 +56,13 @@ class DQN(OffPolicyAgent):
     """DQN and its Double, Dueling, Noisy and n-step variants for discrete actions."""
 
     config_cls = DQNConfig
-    continuous = False
-    policy_modules = ("q_net",)
-    counters = (*OffPolicyAgent.counters, "num_updates")
     compiled_methods = ("act", "q_loss")
-    """The pure functions :func:`jaderl.accel.accelerate` compiles (the optimizer steps stay eager)."""
+    hyperparameters: ClassVar[dict[str, Hyperparameter]] = {**OffPolicyAgent.hyperparameters,
+                                                           "epsilon_end": Hyperparameter(0.0, 0.2)}
     config: DQNConfig
 
-    def __init__(self, config: DQNConfig, env: VecEnv, device: torch.device) -> None:
-        super().__init__(config, env, device)
+    def __init__(self, config: DQNConfig, spec: EnvSpec, device: torch.device) -> None:
+        super().__init__(config, spec, device)
         q_head = QNet(self.obs_dim, self.action_dim, config.hidden, config.dueling, config.noisy)
         # images: the Q network owns the encoder, so the target network below gets its own copy (Mnih et al. 2015)
         encoder, self.encoder = self.encoder, None
@@ -69,6 +70,26 @@ class DQN(OffPolicyAgent):
         self.q_target = copy.deepcopy(self.q_net).requires_grad_(False)
         self.optimizer = self.adam(self.q_net.parameters(), lr=config.lr)
         self.num_updates = 0
+
+    @classmethod
+    def accepts(cls, spec: EnvSpec) -> str | None:
+        return "its actions are continuous; use sac, td3 or ppo" if not spec.is_discrete else super().accepts(spec)
+
+    def networks(self) -> dict[str, nn.Module]:
+        return {"q_net": self.q_net, "q_target": self.q_target}  # the encoder, if any, is inside each
+
+    def optimizers(self) -> dict[str, torch.optim.Optimizer]:
+        return {"optimizer": self.optimizer}
+
+    def policy(self) -> dict[str, nn.Module]:
+        return {"obs_norm": self.obs_norm, "q_net": self.q_net}
+
+    def counters(self) -> dict[str, int | float]:
+        return super().counters() | {"num_updates": self.num_updates}
+
+    def load_counters(self, counters: dict[str, Any]) -> None:
+        super().load_counters(counters)
+        self.num_updates = int(counters["num_updates"])
 
     def epsilon(self) -> float:
         cfg = self.config
@@ -79,14 +100,11 @@ class DQN(OffPolicyAgent):
     def act(self, obs: torch.Tensor, deterministic: bool = False) -> torch.Tensor:
         return self.q_net(self.features(obs), noise=not deterministic).argmax(-1)
 
-    def explore_action(self, obs: torch.Tensor) -> torch.Tensor:
-        """Uniformly random actions for ``warmup_steps``, then epsilon-greedy (noisy when ``noisy``) actions."""
-        random = torch.randint(self.action_dim, (obs.shape[0],), device=self.device)
-        if self.steps < self.config.warmup_steps:
-            return random
-        greedy = self.act(obs)
+    def noisy_action(self, obs: torch.Tensor) -> torch.Tensor:
+        """Epsilon-greedy (noisy when ``noisy``) actions."""
+        random = self.random_action(obs.shape[0])
         explore = torch.rand(obs.shape[0], device=self.device) < self.epsilon()
-        return torch.where(explore, random, greedy)
+        return torch.where(explore, random, self.act(obs))
 
     def update(self, buffer: ReplayBuffer) -> dict[str, torch.Tensor]:
         stats = super().update(buffer)

@@ -20,14 +20,14 @@ exploration noise, -|a - mu(s)|^2 / (2 sigma^2) with sigma = ``exploration_noise
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
-from collections.abc import Callable
+from typing import Any
 
 import torch
 
+from jaderl.core.buffers import Batch, ReplayBuffer
 from jaderl.core.config import param
-
-Batch = dict[str, torch.Tensor]
 
 
 @dataclasses.dataclass
@@ -69,26 +69,69 @@ def hterm_loss(log_prob: torch.Tensor, segments: Batch, gamma: float) -> torch.T
     return (energy * (log_prob * alive).sum(1) / alive.sum(1)).mean()
 
 
-def hterm_update(agent: object, data: Batch, log_prob_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-                 actor: torch.nn.Module, optimizer: torch.optim.Optimizer, oldest: int = 0,
-                 size: int | None = None) -> torch.Tensor | None:
-    """One H-term step of ``actor`` on segments of ``data`` when it is due (every ``hterm_every`` iterations);
-    ``log_prob_fn(features, action)`` gives log pi (B,). Returns the H-term loss, or None when not due."""
-    cfg = agent.config  # type: ignore[attr-defined]
-    # this is iteration k once its explore added horizon * num_envs steps; data-parallel learners count the steps
-    # of all K learners after each update, (k - 1) K horizon num_envs + horizon num_envs by now: rounding up gives k
-    iteration = -(-agent.steps // (cfg.horizon * agent.num_envs * cfg.learners))  # type: ignore[attr-defined]
-    if not cfg.use_hterm or iteration % cfg.hterm_every:
-        return None
-    if size is not None and size > cfg.hterm_window:  # recent behaviour only: skip the buffer's older rows
-        oldest, size = oldest + size - cfg.hterm_window, cfg.hterm_window
-    segments = sample_segments(data, cfg.hterm_trajectories, cfg.hterm_length, oldest, size)
-    num, length = segments["reward"].shape
-    features = agent.features(segments["obs"].flatten(0, 1))  # type: ignore[attr-defined]
-    log_prob = log_prob_fn(features, segments["action"].flatten(0, 1)).view(num, length)
-    loss = cfg.hterm_coef * hterm_loss(log_prob, segments, cfg.gamma)
-    agent.optimize(optimizer, loss, list(actor.parameters()))  # type: ignore[attr-defined]
-    return loss.detach()
+class WithHTerm:
+    """The H-term, added to an algorithm's ``update`` by inheriting it first: ``class PPO(WithHTerm, OnPolicyAgent)``.
+
+    The algorithm states the log-likelihood its H-term uses (:meth:`hterm_log_prob`) and the actor and optimizer it
+    steps (:meth:`hterm_actor`); after every update that learned, one H-term step runs when it is due
+    (``use_hterm``, every ``hterm_every`` iterations) on segments of the update's data: the rollout, or the newest
+    ``hterm_window`` rows of the replay buffer. The hook is installed on each algorithm class that inherits this, so
+    the algorithm's ``update`` stays its own maths.
+    """
+
+    config: Any
+    steps: int
+    num_envs: int
+
+    def hterm_log_prob(self, features: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+        """log pi(a|s) (B,) of stored actions under the current policy (features from ``features(obs)``)."""
+        raise NotImplementedError
+
+    def hterm_actor(self) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+        """The actor the H-term steps and the optimizer it steps it with."""
+        raise NotImplementedError
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """The hook: the algorithm's ``update`` (its own, or the one it inherits) is followed by :meth:`hterm_after`."""
+        super().__init_subclass__(**kwargs)
+        update = cls.update  # type: ignore[attr-defined]
+        if getattr(update, "runs_hterm", False):  # a subclass of an algorithm that has it already
+            return
+
+        @functools.wraps(update)
+        def update_then_hterm(self: WithHTerm, buffer: Any) -> dict[str, torch.Tensor]:
+            return self.hterm_after(buffer, update(self, buffer))
+
+        update_then_hterm.runs_hterm = True  # type: ignore[attr-defined]
+        cls.update = update_then_hterm  # type: ignore[attr-defined]
+
+    def hterm_after(self, buffer: Any, stats: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """One H-term step after an update that learned, when it is due; its loss joins the statistics."""
+        if not stats or not self.config.use_hterm:
+            return stats
+        replay = isinstance(buffer, ReplayBuffer)  # a circular buffer: rows in time order from its oldest
+        loss = self.hterm_step(buffer.data, buffer.ptr - buffer.size if replay else 0, buffer.size if replay else None)
+        return stats if loss is None else {**stats, "loss/hterm": loss}
+
+    def hterm_step(self, data: Batch, oldest: int = 0, size: int | None = None) -> torch.Tensor | None:
+        """One H-term step on segments of ``data`` (T, N, ...) when it is due; returns its loss, or None."""
+        cfg = self.config
+        # this is iteration k once its explore added horizon * num_envs steps; data-parallel learners count the
+        # steps of all K learners after each update, (k - 1) K horizon num_envs + horizon num_envs by now: rounding
+        # up gives k
+        iteration = -(-self.steps // (cfg.horizon * self.num_envs * cfg.learners))
+        if iteration % cfg.hterm_every:
+            return None
+        if size is not None and size > cfg.hterm_window:  # recent behaviour only: skip the buffer's older rows
+            oldest, size = oldest + size - cfg.hterm_window, cfg.hterm_window
+        segments = sample_segments(data, cfg.hterm_trajectories, cfg.hterm_length, oldest, size)
+        num, length = segments["reward"].shape
+        features = self.features(segments["obs"].flatten(0, 1))  # type: ignore[attr-defined]
+        log_prob = self.hterm_log_prob(features, segments["action"].flatten(0, 1)).view(num, length)
+        loss = cfg.hterm_coef * hterm_loss(log_prob, segments, cfg.gamma)
+        actor, optimizer = self.hterm_actor()
+        self.optimize(optimizer, loss, list(actor.parameters()))  # type: ignore[attr-defined]
+        return loss.detach()
 
 
 def tanh_gaussian_log_prob(actor: torch.nn.Module, features: torch.Tensor, action: torch.Tensor) -> torch.Tensor:

@@ -29,10 +29,10 @@ import warnings
 
 import torch
 
-from jaderl.core.agent import OnPolicyAgent
+from jaderl.algos.base import OnPolicyAgent, OnPolicyConfig
 from jaderl.core.buffers import RolloutBuffer
-from jaderl.core.config import Config, ConfigError, param
-from jaderl.envs.vec import VecEnv
+from jaderl.core.config import param
+from jaderl.envs.vec import EnvSpec
 
 
 def discounted_returns(reward: torch.Tensor, terminated: torch.Tensor, truncated: torch.Tensor, gamma: float,
@@ -54,27 +54,17 @@ def discounted_returns(reward: torch.Tensor, terminated: torch.Tensor, truncated
 
 
 @dataclasses.dataclass
-class ReinforceConfig(Config):
+class ReinforceConfig(OnPolicyConfig):
     """REINFORCE / VPG settings; the ``vpg`` preset sets ``baseline=True`` and an entropy bonus."""
 
     num_envs: int = param(16, "sub-envs stepped in one batch", low=1)
     horizon: int = param(512, "steps each sub-env takes per rollout; without a baseline keep it >> 1 / (1 - gamma)",
                          low=1)
     lr: float = param(3e-3, "Adam learning rate", low=0.0, open_low=True)
-    hidden: list[int] = param((64, 64), "hidden layer sizes of the actor and the critic")
     baseline: bool = param(False, "learn a value baseline V(s): A = G - V(s), and bootstrap cut returns from V")
-    ent_coef: float = param(0.0, "entropy bonus weight", low=0.0)
     vf_coef: float = param(0.5, "value loss weight (with a baseline)", low=0.0)
-    max_grad_norm: float = param(0.5, "clip gradient norm to this (0 disables)", low=0.0)
-    normalize_advantages: bool = param(True, "standardise the advantages over each rollout")
     log_std_init: float = param(-0.5, "initial log standard deviation of the Gaussian policy (continuous actions); "
                                 "without a baseline a wide policy learns where a narrow one may not (0.75 on Pendulum)")
-
-    def validate(self) -> None:
-        super().validate()
-        if self.normalize_advantages and self.num_envs * self.horizon < 2:
-            raise ConfigError("normalize_advantages=true needs at least 2 transitions per rollout "
-                              f"(num_envs * horizon = {self.num_envs * self.horizon}); collect more or disable it")
 
 
 class Reinforce(OnPolicyAgent):
@@ -82,13 +72,11 @@ class Reinforce(OnPolicyAgent):
 
     config_cls = ReinforceConfig
     compiled_methods = ("act", "explore_action")
-    """The pure functions :func:`jaderl.accel.accelerate` compiles (the optimizer steps stay eager)."""
     config: ReinforceConfig
 
-    def __init__(self, config: ReinforceConfig, env: VecEnv, device: torch.device) -> None:
-        super().__init__(config, env, device)
-        params = self.build_actor_critic(config.hidden, critic=config.baseline, log_std_init=config.log_std_init)
-        self.optimizer = self.adam(params, lr=config.lr)
+    def __init__(self, config: ReinforceConfig, spec: EnvSpec, device: torch.device) -> None:
+        super().__init__(config, spec, device)
+        self.build_actor_critic(config.hidden, critic=config.baseline, log_std_init=config.log_std_init)
 
     def update(self, buffer: RolloutBuffer) -> dict[str, torch.Tensor]:
         cfg, data = self.config, buffer.data
@@ -114,6 +102,5 @@ class Reinforce(OnPolicyAgent):
         loss = policy_loss + cfg.vf_coef * value_loss - cfg.ent_coef * entropy.mean()
         self.optimize(self.optimizer, loss)
         self.obs_norm.update(data["obs"])  # after learning, so the log-probabilities above used the acting statistics
-        stats = torch.stack([policy_loss, value_loss, entropy.mean(), returns.mean()]).detach()
-        names = ("loss/policy", "loss/value", "policy/entropy", "policy/return_mean")
-        return dict(zip(names, stats.unbind(), strict=True))
+        return {"loss/policy": policy_loss.detach(), "loss/value": value_loss.detach(),
+                "policy/entropy": entropy.mean().detach(), "policy/return_mean": returns.mean()}

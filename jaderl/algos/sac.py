@@ -36,13 +36,14 @@ import math
 from typing import Any
 
 import torch
+from torch import nn
 
-from jaderl.algos.hterm import HTermConfig, hterm_update, tanh_gaussian_log_prob
-from jaderl.core.agent import OffPolicyAgent
+from jaderl.algos.base import OffPolicyAgent, OffPolicyConfig
+from jaderl.algos.hterm import HTermConfig, WithHTerm, tanh_gaussian_log_prob
+from jaderl.algos.nets import EnsembleQ, TanhGaussianActor, Temperature
 from jaderl.core.buffers import ReplayBuffer
-from jaderl.core.config import ConfigError, OffPolicyConfig, param
-from jaderl.core.nets import EnsembleQ, TanhGaussianActor
-from jaderl.envs.vec import VecEnv
+from jaderl.core.config import ConfigError, param
+from jaderl.envs.vec import EnvSpec
 
 
 @dataclasses.dataclass
@@ -76,43 +77,52 @@ class SACConfig(OffPolicyConfig, HTermConfig):
                               f"num_critics={self.num_critics}; lower it or add critics")
 
 
-class SAC(OffPolicyAgent):
+class SAC(WithHTerm, OffPolicyAgent):
     """SAC, ModSAC and REDQ for continuous actions."""
 
     config_cls = SACConfig
-    discrete = False
-    counters = (*OffPolicyAgent.counters, "critic_updates", "actor_updates", "critic_loss_avg")
     compiled_methods = ("act", "critic_loss", "actor_loss")
-    """The pure functions :func:`jaderl.accel.accelerate` compiles (the optimizer steps stay eager)."""
     config: SACConfig
 
-    def __init__(self, config: SACConfig, env: VecEnv, device: torch.device) -> None:
-        super().__init__(config, env, device)
+    def __init__(self, config: SACConfig, spec: EnvSpec, device: torch.device) -> None:
+        super().__init__(config, spec, device)
         self.actor = TanhGaussianActor(self.obs_dim, self.action_dim, config.hidden).to(device)
         self.critic = EnsembleQ(self.obs_dim, self.action_dim, config.hidden, config.num_critics).to(device)
         self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
-        self.log_alpha = torch.nn.Parameter(torch.tensor(float(config.init_alpha), device=device).log())
+        self.alpha = Temperature(config.init_alpha).to(device)
         self.actor_optimizer = self.adam(self.actor.parameters(), lr=config.lr)
         self.critic_optimizer = self.adam([*self.encoder_parameters(), *self.critic.parameters()], lr=config.lr)
-        self.alpha_optimizer = self.adam([self.log_alpha], lr=config.lr)
+        self.alpha_optimizer = self.adam(self.alpha.parameters(), lr=config.lr)
         self.target_entropy = -float(self.action_dim)
-        # device-side counters and statistics (shape (1,): not a 0-d running statistic that learners average)
-        self._actor_updates = torch.zeros(1, dtype=torch.float64, device=device)
-        self._critic_loss_seen = torch.zeros(1, dtype=torch.float64, device=device)  # ModSAC's c for this update()
+        self.critic_updates = 0
+        self._actor_updates = torch.zeros((), dtype=torch.float64, device=device)  # on the device: ModSAC adds a bool
         self._actor_stats = torch.zeros(2, device=device)  # the latest actor step's loss and entropy
-        self.critic_updates, self.actor_updates = 0, 0
-        self.critic_loss_avg = 0.0
-        # ModSAC's running critic loss c, from sqrt(ln 2): lambda = 1/2 until the critics' loss is known
+        # ModSAC's running critic loss c, from sqrt(ln 2): lambda = 1/2 until the critics' loss is known; and the value
+        # the current update() call uses
         self._critic_loss_ema = torch.full((), math.sqrt(math.log(2.0)), device=device)
+        self._critic_loss_seen = torch.zeros((), dtype=torch.float64, device=device)
 
-    @property
-    def actor_updates(self) -> int:
-        """Actor steps taken (kept on the device; reading it syncs, so only checkpoints, logs and tests do)."""
-        return int(self._actor_updates.item())
+    @classmethod
+    def accepts(cls, spec: EnvSpec) -> str | None:
+        return "its actions are discrete; use sac_discrete" if spec.is_discrete else super().accepts(spec)
 
-    @actor_updates.setter
-    def actor_updates(self, value: float) -> None:
-        self._actor_updates.fill_(value)
+    def networks(self) -> dict[str, nn.Module]:
+        return super().networks() | {"actor": self.actor, "critic": self.critic, "critic_target": self.critic_target,
+                                     "alpha": self.alpha}
+
+    def optimizers(self) -> dict[str, torch.optim.Optimizer]:
+        return {"actor": self.actor_optimizer, "critic": self.critic_optimizer, "alpha": self.alpha_optimizer}
+
+    def running_stats(self) -> dict[str, nn.Module | torch.Tensor]:
+        return super().running_stats() | {"critic_loss_ema": self._critic_loss_ema}  # ModSAC resumes its schedule
+
+    def counters(self) -> dict[str, int | float]:
+        return super().counters() | {"critic_updates": self.critic_updates, "actor_updates": self.actor_updates}
+
+    def load_counters(self, counters: dict[str, Any]) -> None:
+        super().load_counters(counters)
+        self.critic_updates = int(counters["critic_updates"])
+        self._actor_updates.fill_(counters["actor_updates"])
 
     @property
     def critic_loss_avg(self) -> float:
@@ -123,33 +133,26 @@ class SAC(OffPolicyAgent):
     def critic_loss_avg(self, value: float) -> None:
         self._critic_loss_seen.fill_(value)
 
-    def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "critic_loss_ema": self._critic_loss_ema}  # ModSAC resumes its schedule
+    @property
+    def actor_updates(self) -> int:
+        """Actor steps taken (kept on the device; reading it syncs, so only checkpoints, logs and tests do)."""
+        return int(self._actor_updates.item())
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        super().load_state_dict(state)
-        if "critic_loss_ema" in state:
-            self._critic_loss_ema.copy_(state["critic_loss_ema"])
+    def hterm_log_prob(self, features: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+        return tanh_gaussian_log_prob(self.actor, features, action)
+
+    def hterm_actor(self) -> tuple[nn.Module, torch.optim.Optimizer]:
+        return self.actor, self.actor_optimizer
 
     @torch.no_grad()
     def act(self, obs: torch.Tensor, deterministic: bool = False) -> torch.Tensor:
         x = self.features(obs)
         return self.actor(x) if deterministic else self.actor.sample(x)[0]
 
-    def explore_action(self, obs: torch.Tensor) -> torch.Tensor:
-        if self.steps < self.config.warmup_steps:
-            return torch.rand(obs.shape[0], self.action_dim, device=self.device) * 2 - 1
-        return self.act(obs)
-
     def update(self, buffer: ReplayBuffer) -> dict[str, torch.Tensor]:
         if self.config.modsac:
             self._critic_loss_seen.copy_(self._critic_loss_ema)  # on the device: no sync
-        stats = super().update(buffer)
-        if stats and self.config.use_hterm:
-            hterm = hterm_update(self, buffer.data, lambda x, a: tanh_gaussian_log_prob(self.actor, x, a), self.actor,
-                                 self.actor_optimizer, oldest=buffer.ptr - buffer.size, size=buffer.size)
-            stats = stats if hterm is None else {**stats, "loss/hterm": hterm}
-        return stats
+        return super().update(buffer)
 
     @torch.no_grad()
     def td_target(self, batch: dict[str, torch.Tensor], alpha: torch.Tensor) -> torch.Tensor:
@@ -181,7 +184,7 @@ class SAC(OffPolicyAgent):
         """One gradient step of the critics on a sampled batch (B, ...), then of the actor and alpha when due."""
         cfg = self.config
         obs = self.features(batch["obs"])
-        alpha = self.log_alpha.exp().detach()
+        alpha = self.alpha().detach()
         # 1. critic
         critic_loss, td_error = self.critic_loss(obs, batch, alpha)
         self.optimize(self.critic_optimizer, critic_loss)
@@ -208,7 +211,7 @@ class SAC(OffPolicyAgent):
         actor_loss, log_prob = self.actor_loss(obs, alpha)
         self.optimize(self.actor_optimizer, actor_loss, list(self.actor.parameters()))
         # 3. entropy coefficient
-        alpha_loss = -(self.log_alpha * (log_prob + self.target_entropy)).mean()
+        alpha_loss = -(self.alpha.log_alpha * (log_prob + self.target_entropy)).mean()
         self.optimize(self.alpha_optimizer, alpha_loss)
         actor_stats = torch.stack([actor_loss.detach(), -log_prob.mean()])
         if due is None:
@@ -221,7 +224,7 @@ class SAC(OffPolicyAgent):
 
     def _actor_tensors(self) -> list[torch.Tensor]:
         """The actor's and alpha's parameters and their optimizers' state tensors (created if not yet stepped)."""
-        tensors: list[torch.Tensor] = [*self.actor.parameters(), self.log_alpha]
+        tensors: list[torch.Tensor] = [*self.actor.parameters(), self.alpha.log_alpha]
         for optimizer in (self.actor_optimizer, self.alpha_optimizer):
             for group in optimizer.param_groups:
                 for p in group["params"]:

@@ -20,10 +20,10 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from jaderl.core.agent import OffPolicyAgent
-from jaderl.core.config import OffPolicyConfig, param
-from jaderl.core.nets import CategoricalActor, EnsembleQ
-from jaderl.envs.vec import VecEnv
+from jaderl.algos.base import OffPolicyAgent, OffPolicyConfig
+from jaderl.algos.nets import CategoricalActor, EnsembleQ, Temperature
+from jaderl.core.config import param
+from jaderl.envs.vec import EnvSpec
 
 
 @dataclasses.dataclass
@@ -42,31 +42,35 @@ class DiscreteSAC(OffPolicyAgent):
     """SAC for discrete actions."""
 
     config_cls = DiscreteSACConfig
-    continuous = False
     compiled_methods = ("act", "critic_loss", "actor_loss")
-    """The pure functions :func:`jaderl.accel.accelerate` compiles (the optimizer steps stay eager)."""
     config: DiscreteSACConfig
 
-    def __init__(self, config: DiscreteSACConfig, env: VecEnv, device: torch.device) -> None:
-        super().__init__(config, env, device)
+    def __init__(self, config: DiscreteSACConfig, spec: EnvSpec, device: torch.device) -> None:
+        super().__init__(config, spec, device)
         self.actor = CategoricalActor(self.obs_dim, self.action_dim, config.hidden, activation=nn.ReLU).to(device)
         self.critic = EnsembleQ(self.obs_dim, 0, config.hidden, config.num_critics, self.action_dim).to(device)
         self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
-        self.log_alpha = nn.Parameter(torch.tensor(float(config.init_alpha), device=device).log())
+        self.alpha = Temperature(config.init_alpha).to(device)
         self.actor_optimizer = self.adam(self.actor.parameters(), lr=config.lr)
         self.critic_optimizer = self.adam([*self.encoder_parameters(), *self.critic.parameters()], lr=config.lr)
-        self.alpha_optimizer = self.adam([self.log_alpha], lr=config.lr)
+        self.alpha_optimizer = self.adam(self.alpha.parameters(), lr=config.lr)
         self.target_entropy = config.target_entropy_ratio * math.log(self.action_dim)
+
+    @classmethod
+    def accepts(cls, spec: EnvSpec) -> str | None:
+        return "its actions are continuous; use sac" if not spec.is_discrete else super().accepts(spec)
+
+    def networks(self) -> dict[str, nn.Module]:
+        return super().networks() | {"actor": self.actor, "critic": self.critic, "critic_target": self.critic_target,
+                                     "alpha": self.alpha}
+
+    def optimizers(self) -> dict[str, torch.optim.Optimizer]:
+        return {"actor": self.actor_optimizer, "critic": self.critic_optimizer, "alpha": self.alpha_optimizer}
 
     @torch.no_grad()
     def act(self, obs: torch.Tensor, deterministic: bool = False) -> torch.Tensor:
         x = self.features(obs)
         return self.actor(x) if deterministic else self.actor.sample(x)
-
-    def explore_action(self, obs: torch.Tensor) -> torch.Tensor:
-        if self.steps < self.config.warmup_steps:
-            return torch.randint(self.action_dim, (obs.shape[0],), device=self.device)
-        return self.act(obs)
 
     @torch.no_grad()
     def td_target(self, batch: dict[str, torch.Tensor], alpha: torch.Tensor) -> torch.Tensor:
@@ -97,7 +101,7 @@ class DiscreteSAC(OffPolicyAgent):
     def update_once(self, batch: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         cfg = self.config
         obs = self.features(batch["obs"])
-        alpha = self.log_alpha.exp().detach()
+        alpha = self.alpha().detach()
         # 1. critic
         critic_loss, td_error = self.critic_loss(obs, batch, alpha)
         self.optimize(self.critic_optimizer, critic_loss)
@@ -106,7 +110,7 @@ class DiscreteSAC(OffPolicyAgent):
         actor_loss, entropy = self.actor_loss(obs, alpha)
         self.optimize(self.actor_optimizer, actor_loss)
         # 3. entropy coefficient
-        alpha_loss = (self.log_alpha * (entropy - self.target_entropy)).mean()
+        alpha_loss = (self.alpha.log_alpha * (entropy - self.target_entropy)).mean()
         self.optimize(self.alpha_optimizer, alpha_loss)
         stats = {"loss/critic": critic_loss.detach(), "loss/actor": actor_loss.detach(), "alpha": alpha,
                  "policy/entropy": entropy.mean()}

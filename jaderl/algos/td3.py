@@ -20,16 +20,18 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
-from jaderl.algos.hterm import HTermConfig, hterm_update
-from jaderl.core.agent import OffPolicyAgent
-from jaderl.core.buffers import ReplayBuffer
-from jaderl.core.config import ConfigError, OffPolicyConfig, param
-from jaderl.core.nets import EnsembleQ, mlp
-from jaderl.envs.vec import VecEnv
+from jaderl.algos.base import OffPolicyAgent, OffPolicyConfig
+from jaderl.algos.hterm import HTermConfig, WithHTerm
+from jaderl.algos.nets import EnsembleQ
+from jaderl.core.agent import Hyperparameter
+from jaderl.core.config import ConfigError, param
+from jaderl.core.nets import mlp
+from jaderl.envs.vec import EnvSpec
 
 NOISE_KINDS = ("gaussian", "ou")
 
@@ -64,18 +66,18 @@ class TD3Config(OffPolicyConfig, HTermConfig):
             raise ConfigError(f"noise={self.noise!r} is invalid: use {' or '.join(NOISE_KINDS)}")
 
 
-class TD3(OffPolicyAgent):
+class TD3(WithHTerm, OffPolicyAgent):
     """TD3 and DDPG for continuous actions."""
 
     config_cls = TD3Config
-    discrete = False
-    counters = (*OffPolicyAgent.counters, "num_updates")
     compiled_methods = ("act", "critic_loss", "actor_loss")
-    """The pure functions :func:`jaderl.accel.accelerate` compiles (the optimizer steps stay eager)."""
+    hyperparameters: ClassVar[dict[str, Hyperparameter]] = {**OffPolicyAgent.hyperparameters,
+                                                           "exploration_noise": Hyperparameter(0.0, 1.0),
+                                                           "target_noise": Hyperparameter(0.0, 1.0)}
     config: TD3Config
 
-    def __init__(self, config: TD3Config, env: VecEnv, device: torch.device) -> None:
-        super().__init__(config, env, device)
+    def __init__(self, config: TD3Config, spec: EnvSpec, device: torch.device) -> None:
+        super().__init__(config, spec, device)
         self.actor = nn.Sequential(mlp([self.obs_dim, *config.hidden, self.action_dim]), nn.Tanh()).to(device)
         self.critic = EnsembleQ(self.obs_dim, self.action_dim, config.hidden, config.num_critics).to(device)
         self.actor_target = copy.deepcopy(self.actor).requires_grad_(False)
@@ -86,14 +88,38 @@ class TD3(OffPolicyAgent):
         self.ou_noise = torch.zeros(self.num_envs, self.action_dim, device=device)  # (N, action_dim)
         self.actor_loss_value: torch.Tensor | None = None  # the latest, reported between delayed actor steps
 
+    @classmethod
+    def accepts(cls, spec: EnvSpec) -> str | None:
+        return "its actions are discrete; use dqn or sac_discrete" if spec.is_discrete else super().accepts(spec)
+
+    def networks(self) -> dict[str, nn.Module]:
+        return super().networks() | {"actor": self.actor, "critic": self.critic, "actor_target": self.actor_target,
+                                     "critic_target": self.critic_target}
+
+    def optimizers(self) -> dict[str, torch.optim.Optimizer]:
+        return {"actor": self.actor_optimizer, "critic": self.critic_optimizer}
+
+    def counters(self) -> dict[str, int | float]:
+        return super().counters() | {"num_updates": self.num_updates}
+
+    def load_counters(self, counters: dict[str, Any]) -> None:
+        super().load_counters(counters)
+        self.num_updates = int(counters["num_updates"])
+
+    def hterm_log_prob(self, features: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+        """The Gaussian log-likelihood of the exploration noise around mu(s), up to a constant."""
+        sigma2 = max(self.config.exploration_noise, 1e-3) ** 2
+        return -(action - self.actor(features)).square().sum(-1) / (2 * sigma2)
+
+    def hterm_actor(self) -> tuple[nn.Module, torch.optim.Optimizer]:
+        return self.actor, self.actor_optimizer
+
     @torch.no_grad()
     def act(self, obs: torch.Tensor, deterministic: bool = False) -> torch.Tensor:
         """mu(obs): the policy is deterministic either way; ``explore_action`` adds the exploration noise."""
         return self.actor(self.features(obs))
 
-    def explore_action(self, obs: torch.Tensor) -> torch.Tensor:
-        if self.steps < self.config.warmup_steps:
-            return torch.rand(obs.shape[0], self.action_dim, device=self.device) * 2 - 1
+    def noisy_action(self, obs: torch.Tensor) -> torch.Tensor:
         return (self.act(obs) + self.exploration_noise()).clamp(-1.0, 1.0)
 
     def exploration_noise(self) -> torch.Tensor:
@@ -106,19 +132,10 @@ class TD3(OffPolicyAgent):
         # explore() passes no done flag, but the base class's running episode length is 0 exactly when a sub-env is
         # about to take the first step of an episode (the first call, or after an auto-reset), so that is the reset
         # mask. A resumed run resets its envs and this count, hence the noise too: the state needs no checkpoint.
-        new_episode = (self._episode[1] == 0).unsqueeze(-1)  # (N, 1)
+        new_episode = self.episodes.new_episode().unsqueeze(-1)  # (N, 1)
         self.ou_noise = torch.where(new_episode, 0.0, self.ou_noise)
         self.ou_noise += cfg.ou_sigma * white - cfg.ou_theta * self.ou_noise
         return self.ou_noise
-
-    def update(self, buffer: ReplayBuffer) -> dict[str, torch.Tensor]:
-        stats = super().update(buffer)
-        if stats and self.config.use_hterm:  # log pi of the Gaussian exploration noise around mu(s)
-            sigma2 = max(self.config.exploration_noise, 1e-3) ** 2
-            hterm = hterm_update(self, buffer.data, lambda x, a: -(a - self.actor(x)).square().sum(-1) / (2 * sigma2),
-                                 self.actor, self.actor_optimizer, oldest=buffer.ptr - buffer.size, size=buffer.size)
-            stats = stats if hterm is None else {**stats, "loss/hterm": hterm}
-        return stats
 
     def target_action(self, next_obs: torch.Tensor) -> torch.Tensor:
         """a' = mu_target(s') plus clipped Gaussian noise (target policy smoothing), in [-1, 1]: (B, action_dim)."""

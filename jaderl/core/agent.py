@@ -1,16 +1,19 @@
-"""The agent base class: the four verbs every trainer (single process, pipeline, population) calls.
+"""The agent base class: the verbs every way of training calls, and the seams through which it is handled.
 
     act(obs, deterministic)   -> actions for a batch of observations
     explore(env, horizon)     -> a (T, N, ...) trajectory, stepping the batched env
     update(buffer)            -> a dict of named statistics (tensors; read them only when logging)
-    state_dict() / load_state_dict()
 
-An algorithm subclasses :class:`Agent`, builds its networks and optimizers in ``__init__`` and writes
-``act`` and ``update``; on-policy algorithms also extend ``explore`` when they need more than the base records.
+An agent is built from an :class:`~jaderl.envs.vec.EnvSpec` (the env's description, not the env) and states what it
+is made of, so that checkpoints, the NaN check, mixed precision, data-parallel averaging and fusion ask instead of
+guessing: :meth:`Agent.networks`, :meth:`Agent.optimizers`, :meth:`Agent.running_stats` (learned outside gradients),
+:meth:`Agent.policy` (what ``act`` needs) and :meth:`Agent.counters`. :attr:`Agent.hyperparameters` lists what
+:meth:`Agent.set_hyperparameters` may change while it trains, with the valid ranges.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from typing import Any, ClassVar
@@ -18,31 +21,103 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from jaderl.core.buffers import Batch, PrioritizedReplayBuffer, ReplayBuffer, RolloutBuffer
-from jaderl.core.config import Config, OffPolicyConfig
-from jaderl.core.nets import CategoricalActor, GaussianActor, NatureCNN, ObsNorm, mlp
-from jaderl.envs.vec import EnvError, VecEnv
+from jaderl.core.buffers import Batch, ReplayBuffer, RolloutBuffer
+from jaderl.core.config import Config, ConfigError
+from jaderl.core.nets import NatureCNN, ObsNorm
+from jaderl.envs.vec import EnvError, EnvSpec, VecEnv
+
+
+@dataclasses.dataclass(frozen=True)
+class Hyperparameter:
+    """The valid range ``[low, high]`` of a hyperparameter that may change while an agent trains; ``log`` says that
+    a search samples it on a log scale (learning rates)."""
+
+    low: float
+    high: float
+    log: bool = False
+
+    def check(self, name: str, value: Any) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not self.low <= value <= self.high:
+            raise ConfigError(f"{name}={value!r} is out of range: it must be a number in [{self.low:g}, {self.high:g}]")
+        return float(value)
+
+
+LEARNING_RATE = Hyperparameter(1e-6, 1e-1, log=True)
+
+
+class EpisodeStats:
+    """The training episodes: running return (per agent) and length of every sub-env's episode, and their sums over
+    the episodes finished since the last :meth:`summary`. Several agents' rewards make a team return (their sum)."""
+
+    def __init__(self, num_envs: int, num_agents: int, device: torch.device, teams: tuple[str, ...] = ()) -> None:
+        self.teams = teams
+        self.running = torch.zeros(num_envs, num_agents + 1, device=device)  # each agent's return, the length
+        self.finished = torch.zeros(num_agents + 2, device=device)  # count, each agent's summed return, summed length
+
+    def track(self, reward: torch.Tensor, done: torch.Tensor) -> None:
+        """Add one step's rewards (N,) or (N, agents); ``done`` (N,) ends episodes."""
+        self.running[:, :-1] += reward.view(self.running.shape[0], -1)
+        self.running[:, -1] += 1
+        done_f = done.float()
+        self.finished[0] += done_f.sum()
+        self.finished[1:] += (self.running * done_f[:, None]).sum(0)
+        self.running *= 1.0 - done_f[:, None]
+
+    def new_episode(self) -> torch.Tensor:
+        """(N,) bool: the sub-envs about to take the first step of an episode."""
+        return self.running[:, -1] == 0
+
+    def take(self) -> torch.Tensor:
+        """The finished sums, cleared here (an explorer process sends them to the learner, which :meth:`add` s them)."""
+        finished = self.finished.clone()
+        self.finished.zero_()
+        return finished
+
+    def add(self, finished: torch.Tensor) -> None:
+        self.finished += finished.to(self.finished.device)
+
+    def summary(self) -> dict[str, float]:
+        """Mean team return and length of the episodes finished since the last call, with the mean return per agent
+        and per team when there are several agents (host sync: logging only)."""
+        count, *returns, length = self.take().tolist()
+        if not count:
+            return {}
+        returns = [r / count for r in returns]
+        stats = {"train/episode_return": sum(returns), "train/episode_length": length / count}
+        if len(returns) > 1:
+            stats["train/episode_return_per_agent"] = sum(returns) / len(returns)
+            for team in dict.fromkeys(self.teams):
+                stats[f"train/episode_return/{team}"] = sum(r for r, t in zip(returns, self.teams, strict=True)
+                                                             if t == team)
+        return stats
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {"running": self.running, "finished": self.finished}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        self.running.copy_(state["running"])
+        self.finished.copy_(state["finished"])
 
 
 class Agent:
-    """Base of every algorithm. Subclasses set the class attributes and implement ``act`` and ``update``."""
+    """Base of every algorithm. Subclasses build their networks and optimizers in ``__init__``, state them in
+    :meth:`networks` and :meth:`optimizers`, and implement ``act`` and ``update``."""
 
     config_cls: ClassVar[type[Config]] = Config
     on_policy: ClassVar[bool] = True
     """Learns from the latest rollout only (replay-buffer algorithms derive from :class:`OffPolicyAgent`)."""
-    discrete: ClassVar[bool] = True
-    """Whether the algorithm handles Discrete action spaces."""
-    continuous: ClassVar[bool] = True
-    """Whether the algorithm handles Box action spaces."""
-    policy_modules: ClassVar[tuple[str, ...]] = ("actor",)
-    """Attributes (besides ``obs_norm`` and a shared ``encoder``) that ``act`` needs, kept as the best policy."""
-    counters: ClassVar[tuple[str, ...]] = ("steps", "update_debt")
-    """Plain int / float attributes saved in checkpoints."""
+    compiled_methods: ClassVar[tuple[str, ...]] = ("act",)
+    """The pure functions :func:`jaderl.accel.accelerate` compiles (the optimizer steps stay eager)."""
+    hyperparameters: ClassVar[dict[str, Hyperparameter]] = {"lr": LEARNING_RATE,
+                                                           "gamma": Hyperparameter(0.9, 0.9999)}
+    """What :meth:`set_hyperparameters` may change while the agent trains, and the valid ranges (a population's search
+    space is built from them)."""
 
-    def __init__(self, config: Config, env: VecEnv, device: torch.device) -> None:
-        self.config, self.device = config, device
-        self.num_envs, self.obs_shape = env.num_envs, env.obs_shape
-        self.is_discrete, self.action_dim = env.is_discrete, env.action_dim
+    def __init__(self, config: Config, spec: EnvSpec | VecEnv, device: torch.device) -> None:
+        spec = spec if isinstance(spec, EnvSpec) else spec.spec  # an env stands for its description
+        self.config, self.spec, self.device = config, spec, device
+        self.num_envs, self.obs_shape = spec.num_envs, spec.obs_shape
+        self.is_discrete, self.action_dim = spec.is_discrete, spec.action_dim
         self.obs_dim, self.is_image = math.prod(self.obs_shape), len(self.obs_shape) == 3
         try:
             self.encoder: NatureCNN | None = NatureCNN(self.obs_shape).to(device) if self.is_image else None
@@ -57,10 +132,68 @@ class Agent:
         self.steps = 0  # env steps explored, all sub-envs counted
         self.update_debt = 0.0  # fractional gradient steps owed to the env steps collected so far
         self.last_obs: torch.Tensor | None = None
-        self._episode = torch.zeros(2, env.num_envs, device=device)  # running return, length
-        self._finished = torch.zeros(3, device=device)  # count, summed return, summed length
+        """The observation the next ``explore`` acts on (None: it resets the env first)."""
+        self.episodes = EpisodeStats(spec.num_envs, spec.num_agents, device, spec.teams)
         self.grad_hook: Callable[[list[nn.Parameter]], None] | None = None
         """Called by ``optimize`` between backward and clipping (data-parallel learners average gradients there)."""
+
+    @classmethod
+    def accepts(cls, spec: EnvSpec) -> str | None:
+        """None when this algorithm can train on envs like ``spec``; otherwise what stands in the way, as a phrase
+        that completes "cannot train on ENV: ..."."""
+        if spec.num_agents > 1:
+            return f"it has {spec.num_agents} agents and this is a single-agent algorithm; use a multi-agent one"
+        return None
+
+    # --- the seams ---
+    def networks(self) -> dict[str, nn.Module]:
+        """Every network the agent trains or keeps as a target, by name (the image encoder included)."""
+        return {} if self.encoder is None else {"encoder": self.encoder}
+
+    def optimizers(self) -> dict[str, torch.optim.Optimizer]:
+        """Every optimizer, by name."""
+        return {}
+
+    def running_stats(self) -> dict[str, nn.Module | torch.Tensor]:
+        """State learned outside gradients (the observation normaliser, running averages); data-parallel learners
+        merge it after every update instead of averaging gradients."""
+        return {"obs_norm": self.obs_norm}
+
+    def policy(self) -> dict[str, nn.Module]:
+        """The modules ``act`` needs: saved as the best policy, sent to explorer processes."""
+        shared = {"obs_norm": self.obs_norm} | ({} if self.encoder is None else {"encoder": self.encoder})
+        return shared | {"actor": self.actor}
+
+    def counters(self) -> dict[str, int | float]:
+        """Plain numbers the agent counts with (host values: reading them may sync)."""
+        return {"steps": self.steps, "update_debt": self.update_debt}
+
+    def load_counters(self, counters: dict[str, Any]) -> None:
+        self.steps, self.update_debt = int(counters["steps"]), float(counters["update_debt"])
+
+    def parameters(self) -> list[torch.Tensor]:
+        """Every network's parameters and floating buffers (each once)."""
+        tensors = {id(t): t for net in self.networks().values() for t in [*net.parameters(), *net.buffers()]}
+        return [t for t in tensors.values() if t.is_floating_point()]
+
+    # --- live hyperparameters ---
+    def set_hyperparameters(self, **values: Any) -> None:
+        """Change hyperparameters listed in :attr:`hyperparameters` while the agent trains: the config, and what was
+        built from it (learning rates live in the optimizers' parameter groups)."""
+        for name, value in values.items():
+            if name not in self.hyperparameters:
+                raise ConfigError(f"{name} is not a hyperparameter {type(self).__name__} can change while it trains; "
+                                  f"it can change {', '.join(self.hyperparameters)}")
+            self.hyperparameters[name].check(name, value)
+        self.config = self.config.replace(**values)
+        self.apply_hyperparameters()
+
+    def apply_hyperparameters(self) -> None:
+        """Bring live objects in line with the config's hyperparameters; the base sets every optimizer's learning rate
+        to ``config.lr`` (algorithms with several learning rates, or values cached at build time, extend it)."""
+        for optimizer in self.optimizers().values():
+            for group in optimizer.param_groups:
+                group["lr"] = self.config.lr
 
     # --- the verbs ---
     def act(self, obs: torch.Tensor, deterministic: bool = False) -> torch.Tensor:
@@ -69,7 +202,7 @@ class Agent:
         raise NotImplementedError
 
     def explore_action(self, obs: torch.Tensor) -> torch.Tensor:
-        """The action taken while exploring; algorithms override it for random warm-up or epsilon-greedy."""
+        """The action taken while exploring; algorithms override it for noise or epsilon-greedy."""
         return self.act(obs, deterministic=False)
 
     @torch.no_grad()
@@ -80,16 +213,15 @@ class Agent:
         Rewards are clipped to their sign (``config.clip_rewards``), then multiplied by ``config.reward_scale``;
         episode statistics use the raw rewards.
         """
-        if self.last_obs is None:  # a resumed run keeps its checkpointed env RNG, or reseeds an env without one
-            seeded = self.steps == 0 or getattr(env, "generator", None) is None
-            self.last_obs = env.reset(seed=self.config.seed + self.steps if seeded else None)
+        if self.last_obs is None:  # a fresh env, or one whose episodes could not be carried over: reseed from steps
+            self.last_obs = env.reset(seed=self.config.seed + self.steps)
         steps: list[tuple[torch.Tensor, ...]] = []
         for _ in range(horizon):
             obs = self.last_obs
             action = self.explore_action(obs)
             self.last_obs, reward, terminated, truncated, info = env.step(action)
             steps.append((obs, action, reward, terminated, truncated, info["final_obs"]))
-            self._track_episodes(reward, terminated | truncated)
+            self.episodes.track(reward, terminated | truncated)
         obs, action, reward, terminated, truncated, next_obs = (torch.stack(x) for x in zip(*steps, strict=True))
         self.steps += horizon * self.num_envs
         if not self.on_policy:  # on-policy agents update it after learning, so old log-probs stay exact
@@ -103,7 +235,7 @@ class Agent:
         raise NotImplementedError
 
     def make_buffer(self) -> ReplayBuffer | RolloutBuffer:
-        """The buffer the training loop feeds ``explore``'s trajectories into."""
+        """The buffer the trainer feeds ``explore``'s trajectories into."""
         return RolloutBuffer()
 
     # --- helpers for subclasses ---
@@ -125,20 +257,6 @@ class Agent:
         num_updates = int(self.update_debt)
         self.update_debt -= num_updates
         return num_updates
-
-    def _track_episodes(self, reward: torch.Tensor, done: torch.Tensor) -> None:
-        self._episode[0] += reward
-        self._episode[1] += 1
-        done_f = done.float()
-        self._finished[0] += done_f.sum()
-        self._finished[1:] += (self._episode * done_f).sum(1)
-        self._episode *= 1.0 - done_f
-
-    def episode_stats(self) -> dict[str, float]:
-        """Mean return and length of the training episodes finished since the last call (host sync: logging only)."""
-        count, ret, length = self._finished.tolist()
-        self._finished.zero_()
-        return {"train/episode_return": ret / count, "train/episode_length": length / count} if count else {}
 
     def optimize(self, optimizer: torch.optim.Optimizer, loss: torch.Tensor,
                  params: list[torch.nn.Parameter] | None = None) -> None:
@@ -164,104 +282,29 @@ class Agent:
         torch._foreach_lerp_(list(target.parameters()), list(source.parameters()), tau)
 
     # --- state ---
-    def _components(self) -> dict[str, nn.Module | torch.optim.Optimizer | nn.Parameter]:
-        kinds = (nn.Module, torch.optim.Optimizer, nn.Parameter)
-        return {k: v for k, v in vars(self).items() if isinstance(v, kinds)}
-
     def state_dict(self) -> dict[str, Any]:
-        """Every network, parameter, optimizer and counter, as a nested dict of tensors and JSON values."""
-        state: dict[str, Any] = {k: v if isinstance(v, nn.Parameter) else v.state_dict()
-                                 for k, v in self._components().items()}
-        state.update({name: getattr(self, name) for name in self.counters})
-        return state
+        """Networks, optimizers, running statistics and counters, as a nested dict of tensors and JSON values."""
+        return {"networks": {k: v.state_dict() for k, v in self.networks().items()},
+                "optimizers": {k: v.state_dict() for k, v in self.optimizers().items()},
+                "running_stats": {k: v.state_dict() if isinstance(v, nn.Module) else v
+                                  for k, v in self.running_stats().items()},
+                "counters": self.counters()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        for name, component in self._components().items():
-            if isinstance(component, nn.Parameter):
-                component.data.copy_(state[name])
-            else:
-                component.load_state_dict(state[name])
-        for name in self.counters:
-            setattr(self, name, state[name])
-        self.last_obs = None
+        for name, network in self.networks().items():
+            network.load_state_dict(state["networks"][name])
+        for name, optimizer in self.optimizers().items():
+            optimizer.load_state_dict(state["optimizers"][name])
+        for name, stat in self.running_stats().items():
+            stat.load_state_dict(state["running_stats"][name]) if isinstance(stat, nn.Module) \
+                else stat.copy_(state["running_stats"][name])
+        self.load_counters(state["counters"])
 
     def policy_state_dict(self) -> dict[str, torch.Tensor]:
-        """Flat tensors of the modules ``act`` needs, for the best-policy file."""
-        return {f"{name}.{k}": v for name in self._policy_names()
-                for k, v in getattr(self, name).state_dict().items()}
-
-    def _policy_names(self) -> tuple[str, ...]:
-        shared = ("obs_norm",) if self.encoder is None else ("obs_norm", "encoder")
-        return (*shared, *self.policy_modules)
+        """Flat tensors of :meth:`policy`, for the best-policy file and explorer processes."""
+        return {f"{name}.{k}": v for name, module in self.policy().items() for k, v in module.state_dict().items()}
 
     def load_policy_state_dict(self, tensors: dict[str, torch.Tensor]) -> None:
-        for name in self._policy_names():
-            own = {k.removeprefix(f"{name}."): v for k, v in tensors.items() if k.startswith(f"{name}.")}
-            getattr(self, name).load_state_dict(own)
-
-
-class OffPolicyAgent(Agent):
-    """Base of replay-buffer algorithms: ``update`` runs the gradient steps owed to the env steps collected
-    (``updates_per_step``) on uniform or prioritized, one- or n-step batches; subclasses write ``update_once``."""
-
-    config_cls: ClassVar[type[Config]] = OffPolicyConfig
-    on_policy: ClassVar[bool] = False
-    config: OffPolicyConfig
-
-    def make_buffer(self) -> ReplayBuffer:
-        cfg = self.config
-        if cfg.use_per:
-            return PrioritizedReplayBuffer(cfg.buffer_size, self.num_envs, self.device, cfg.per_alpha)
-        return ReplayBuffer(cfg.buffer_size, self.num_envs, self.device)
-
-    def update(self, buffer: ReplayBuffer) -> dict[str, torch.Tensor]:
-        cfg = self.config
-        if self.steps < cfg.warmup_steps or len(buffer) < cfg.batch_size:
-            return {}
-        stats: dict[str, torch.Tensor] = {}
-        for _ in range(self.owed_updates(cfg.updates_per_step)):
-            if isinstance(buffer, PrioritizedReplayBuffer):
-                beta = cfg.per_beta + (1.0 - cfg.per_beta) * min(1.0, self.steps / cfg.total_steps)
-                batch = buffer.sample(cfg.batch_size, cfg.n_step, cfg.gamma, beta)
-                stats, td_error = self.update_once(batch)
-                buffer.update_priorities(batch["index"], td_error)
-            else:
-                stats, _ = self.update_once(buffer.sample(cfg.batch_size, cfg.n_step, cfg.gamma))
-        return stats
-
-    def update_once(self, batch: Batch) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-        """One gradient step on a batch (B, ...); returns named statistics and the TD errors (B,) for PER."""
-        raise NotImplementedError
-
-    @staticmethod
-    def weighted_mean(loss: torch.Tensor, batch: Batch) -> torch.Tensor:
-        """Mean of per-transition losses (B,), importance-weighted when the batch comes from prioritized replay."""
-        return (loss * batch["weight"]).mean() if "weight" in batch else loss.mean()
-
-
-class OnPolicyAgent(Agent):
-    """Base of rollout algorithms (PPO, A2C, REINFORCE): a categorical or Gaussian actor, optionally a V critic."""
-
-    def build_actor_critic(self, hidden: list[int], critic: bool, log_std_init: float | None = None) -> list:
-        """Create ``self.actor`` (and ``self.critic`` if asked); returns every parameter their optimizer trains."""
-        actor_cls = CategoricalActor if self.is_discrete else GaussianActor
-        self.actor = actor_cls(self.obs_dim, self.action_dim, hidden).to(self.device)
-        if log_std_init is not None and isinstance(self.actor, GaussianActor):
-            self.actor.log_std.data.fill_(log_std_init)
-        params = [*self.encoder_parameters(), *self.actor.parameters()]
-        if critic:
-            self.critic = mlp([self.obs_dim, *hidden, 1], nn.Tanh, out_gain=1.0).to(self.device)
-            params += list(self.critic.parameters())
-        return params
-
-    @torch.no_grad()
-    def act(self, obs: torch.Tensor, deterministic: bool = False) -> torch.Tensor:
-        x = self.features(obs)
-        if deterministic:
-            return self.actor(x)
-        action = self.actor.sample(x)
-        return action if self.is_discrete else action.clamp(-1.0, 1.0)
-
-    def explore_action(self, obs: torch.Tensor) -> torch.Tensor:
-        """The unclipped sample: its log-probability is what the update needs (the env clips it to [-1, 1])."""
-        return self.actor.sample(self.features(obs))
+        for name, module in self.policy().items():
+            module.load_state_dict({k.removeprefix(f"{name}."): v for k, v in tensors.items()
+                                    if k.startswith(f"{name}.")})

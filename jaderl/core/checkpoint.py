@@ -17,7 +17,15 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
+from jaderl.core.config import ConfigError
+
 CHECKPOINT_JSON = "checkpoint.json"
+FORMAT = 2
+"""The layout of a checkpoint's state (2: a Trainer's state_dict); one of another format is refused on load."""
+
+
+class CheckpointFormatError(ConfigError):
+    """A checkpoint written in another format (by another jaderl version)."""
 
 
 def flatten(obj: Any, tensors: dict[str, torch.Tensor], prefix: str = "") -> Any:
@@ -81,7 +89,7 @@ def save_checkpoint(run_dir: str | Path, state: dict[str, Any], step: int) -> Pa
     skeleton = flatten(state, tensors)
     tensor_file = f"ckpt-{step}.safetensors"
     _atomic_write(run_dir / tensor_file, lambda p: save_file(tensors, str(p)))
-    text = json.dumps({"tensor_file": tensor_file, "state": skeleton}, indent=1)
+    text = json.dumps({"format": FORMAT, "tensor_file": tensor_file, "state": skeleton}, indent=1)
     _atomic_write(run_dir / CHECKPOINT_JSON, lambda p: p.write_text(text))
     for old in run_dir.glob("ckpt-*.safetensors"):
         if old.name != tensor_file:
@@ -95,11 +103,40 @@ def load_checkpoint(run_dir: str | Path, device: torch.device | str = "cpu", par
     run_dir = Path(run_dir)
     try:
         meta = json.loads((run_dir / CHECKPOINT_JSON).read_text())
+        if meta.get("format", 1) != FORMAT:
+            raise CheckpointFormatError(f"{run_dir} holds a checkpoint of format {meta.get('format', 1)}, written by "
+                                        f"another jaderl version (this one reads format {FORMAT}); resume it with "
+                                        "that version or start a new run")
         skeleton = meta["state"] if part is None else meta["state"][part]
         with safe_open(str(run_dir / meta["tensor_file"]), framework="pt", device=str(device)) as f:
             prefix = "" if part is None else f"/{part}/"
             tensors = {k: f.get_tensor(k) for k in f.keys() if k.startswith(prefix)}  # noqa: SIM118
+    except CheckpointFormatError:
+        raise
     except (OSError, ValueError, KeyError, TypeError, SafetensorError) as exc:
         raise FileNotFoundError(f"{run_dir} holds no readable checkpoint ({exc}); "
                                 "pass the run directory of a run that has saved one") from None
     return unflatten(skeleton, tensors)
+
+
+def finite_or_raise(state: Any, where: str, *, fix: str = "resume from an earlier copy or start a new run") -> None:
+    """Refuse ``state`` (a checkpoint, or a part of it such as ``{"agent": ...}``) if any of its floating-point
+    tensors holds a NaN or an infinity: a :class:`~jaderl.core.config.ConfigError` of one sentence naming ``where``
+    (the file it came from), the first such tensor by its dotted path (``agent.actor.net.0.weight``) and ``fix``."""
+    bad: list[str] = []
+
+    def visit(obj: Any, name: str) -> None:
+        if isinstance(obj, torch.Tensor):
+            if (obj.is_floating_point() or obj.is_complex()) and not bool(torch.isfinite(obj).all()):
+                bad.append(name or "a tensor")
+        elif isinstance(obj, dict):
+            for key, value in obj.items():
+                visit(value, f"{name}.{key}" if name else str(key))
+        elif isinstance(obj, (list, tuple)):
+            for i, value in enumerate(obj):
+                visit(value, f"{name}.{i}" if name else str(i))
+
+    visit(state, "")
+    if bad:
+        more = f" and {len(bad) - 1} more" if len(bad) > 1 else ""
+        raise ConfigError(f"{where} holds NaN or infinite parameters ({bad[0]}{more}); {fix}")

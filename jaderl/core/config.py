@@ -109,8 +109,13 @@ class Config:
     def replace(self, **changes: Any) -> Config:
         return self.from_dict({**self.to_dict(), **changes})
 
-    def save_yaml(self, path: str | Path) -> None:
-        Path(path).write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
+    def save_yaml(self, path: str | Path, history: list[dict[str, Any]] = ()) -> None:
+        """Write the settings; ``history`` (hyperparameters changed during the run) follows as comments, so the file
+        still starts a new run with the current values."""
+        lines = [f"# step {h['step']}: " + ", ".join(f"{k} {a} -> {b}" for k, (a, b) in h["changed"].items())
+                 for h in history]
+        notes = "# hyperparameters changed during the run:\n" + "\n".join(lines) + "\n" if lines else ""
+        Path(path).write_text(yaml.safe_dump(self.to_dict(), sort_keys=False) + notes)
 
     @staticmethod
     def read_yaml(path: str | Path) -> dict[str, Any]:
@@ -122,28 +127,6 @@ class Config:
         if not isinstance(data, dict):
             raise ConfigError(f"config file {path} must hold a mapping of field: value")
         return data
-
-
-@dataclasses.dataclass
-class OffPolicyConfig(Config):
-    """Settings every replay-buffer algorithm shares (subclasses change the defaults)."""
-
-    buffer_size: int = param(1_000_000, "replay capacity in transitions", low=1)
-    batch_size: int = param(256, "transitions per gradient step", low=1)
-    warmup_steps: int = param(1_000, "env steps of uniformly random actions before learning starts", low=0)
-    updates_per_step: float = param(1.0, "gradient steps per env step collected (all sub-envs counted)",
-                                    low=0.0, open_low=True)
-    n_step: int = param(1, "n-step returns: rewards summed over up to n steps before bootstrapping", low=1)
-    use_per: bool = param(False, "prioritized experience replay (proportional, on the training device)")
-    per_alpha: float = param(0.6, "PER: priority exponent (0 is uniform)", low=0.0)
-    per_beta: float = param(0.4, "PER: initial importance-sampling exponent, annealed to 1 over total_steps",
-                            low=0.0, high=1.0)
-
-    def validate(self) -> None:
-        super().validate()
-        if self.batch_size > self.buffer_size:
-            raise ConfigError(f"batch_size={self.batch_size} is larger than buffer_size={self.buffer_size}; "
-                              "lower batch_size or raise buffer_size")
 
 
 def parse_assignment(text: str) -> tuple[str, Any]:

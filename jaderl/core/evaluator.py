@@ -7,7 +7,7 @@ import csv
 import math
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -25,14 +25,16 @@ BEST_POLICY = "best_policy.safetensors"
 
 @torch.no_grad()
 def run_episodes(agent: Agent, env: VecEnv, seed: int, max_steps: int = 100_000) -> tuple[torch.Tensor, torch.Tensor]:
-    """Run one deterministic episode in every sub-env of ``env``; returns (returns, lengths) of shape (N,)."""
+    """Run one deterministic episode in every sub-env of ``env``; returns (returns, lengths) of shape (N,) (several
+    agents: each agent's return, (N, agents); their sum is the team return)."""
     obs = env.reset(seed=seed)
-    returns, lengths = torch.zeros(2, env.num_envs, device=obs.device)  # two views of one allocation
+    returns = torch.zeros(env.num_envs, *([env.num_agents] if env.num_agents > 1 else []), device=obs.device)
+    lengths = torch.zeros(env.num_envs, device=obs.device)
     running = torch.ones(env.num_envs, dtype=torch.bool, device=obs.device)
     limit = env.max_steps or max_steps
     for t in range(limit):
         obs, reward, terminated, truncated, _ = env.step(agent.act(obs, deterministic=True))
-        returns += reward * running
+        returns += reward * running.view(-1, *[1] * (reward.dim() - 1))
         lengths += running
         running &= ~(terminated | truncated)
         if t % 32 == 31 and not running.any():  # an occasional host sync to stop early
@@ -41,46 +43,69 @@ def run_episodes(agent: Agent, env: VecEnv, seed: int, max_steps: int = 100_000)
 
 
 class Evaluator:
-    """Evaluates ``agent`` on ``env`` (one episode per sub-env) and records every result in ``run_dir``."""
+    """Evaluates an agent on ``env`` (one episode per sub-env) and records every result in ``run_dir``.
 
-    def __init__(self, env: VecEnv, run_dir: Path, seed: int, resume_step: int | None = None) -> None:
-        from torch.utils.tensorboard import SummaryWriter
+    :meth:`request` starts an evaluation and :meth:`poll` returns its mean return; here the evaluation runs inside
+    ``request``, while the pipeline's evaluator process answers later (``pending_step`` is the step of the one it is
+    running). The rows of ``metrics.csv`` are the evaluator's state: loading them rewrites the file, dropping rows of
+    evaluations newer than the state.
+    """
 
+    def __init__(self, env: VecEnv, run_dir: Path, seed: int) -> None:
         self.env, self.run_dir, self.seed = env, run_dir, seed
         self.csv_path = run_dir / "metrics.csv"
-        self.rows: list[dict[str, float]] = []
-        if resume_step is not None and self.csv_path.exists():  # drop evaluations newer than the checkpoint
-            with open(self.csv_path, newline="") as f:
-                for r in csv.DictReader(f):
-                    with contextlib.suppress(TypeError, ValueError, KeyError):  # a line cut short by a crash
-                        row = {k: float(r[k]) for k in METRICS_COLUMNS} | {"step": int(float(r["step"]))}
-                        if row["step"] <= resume_step:
-                            self.rows.append(row)
+        self.pending_step: int | None = None
+        self.result: float | None = None
+        self.tb: Any = None  # opened at the first evaluation, purging what a loaded state dropped
+        self.load_state_dict({"rows": []})
+        self.last_plot = time.perf_counter()  # short runs draw once, when they close
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"rows": self.rows}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.rows: list[dict[str, float]] = [dict(row) for row in state["rows"]]
         tmp = self.csv_path.with_name(self.csv_path.name + ".tmp")  # replaced at once: the history is never lost
         with open(tmp, "w", newline="") as f:
-            (writer := csv.DictWriter(f, METRICS_COLUMNS)).writeheader()
+            (writer := csv.DictWriter(f, METRICS_COLUMNS, extrasaction="ignore")).writeheader()
             writer.writerows(self.rows)
         tmp.replace(self.csv_path)
         self.best_return = max((r["eval_return_mean"] for r in self.rows), default=-math.inf)
-        if resume_step is not None and (run_dir / BEST_POLICY).exists():  # it may come from after the checkpoint
+        if self.rows and (self.run_dir / BEST_POLICY).exists():  # it may come from after the state was taken
             with (contextlib.suppress(OSError, ValueError, KeyError, TypeError, SafetensorError),
-                  safe_open(str(run_dir / BEST_POLICY), framework="pt") as f):
+                  safe_open(str(self.run_dir / BEST_POLICY), framework="pt") as f):
                 self.best_return = max(self.best_return, float((f.metadata() or {})["eval_return_mean"]))
-        # after a resume, TensorBoard hides the points logged after the checkpoint, as metrics.csv drops them
-        self.tb = SummaryWriter(str(run_dir / "tb"), purge_step=None if resume_step is None else resume_step + 1)
-        self.last_plot = time.perf_counter()  # short runs draw once, when they close
+        if self.tb is not None:
+            self.tb.close()
+            self.tb = None
+        self.purge_step = self.rows[-1]["step"] + 1 if self.rows else None  # TensorBoard hides what came later
+
+    def request(self, agent: Agent, step: int, time_s: float, stats: dict[str, float]) -> None:
+        """Evaluate ``agent`` (at ``step``, ``time_s`` of training) and log ``stats`` beside the result."""
+        self.result = self.evaluate(agent, step, time_s, stats)["eval_return_mean"]
+
+    def poll(self, wait: bool | float = False) -> float | None:
+        """The mean return of the evaluation finished since the last call, if any (``wait``: for it to finish, or
+        at most that many seconds; here evaluations finish inside ``request``)."""
+        result, self.result = self.result, None
+        return result
 
     def evaluate(self, agent: Agent, step: int, time_s: float, stats: dict[str, float]) -> dict[str, float]:
         """Evaluate, log ``stats`` and the result at ``step``, save the policy if it is the best so far."""
+        from torch.utils.tensorboard import SummaryWriter
+
         # new start states per evaluation, reproducible and the same after a resume: evaluation k seeds with
         # seed + k * num_envs, as a Gymnasium vector env seeds sub-env i with seed + i (no start state is shared)
         returns, lengths = run_episodes(agent, self.env, self.seed + len(self.rows) * self.env.num_envs)
-        row = {"step": step, "time_s": round(time_s, 3), "eval_return_mean": returns.mean().item(),
-               "eval_return_std": returns.std(unbiased=False).item(), "eval_episode_length": lengths.mean().item(),
+        team = returns.sum(-1) if returns.dim() > 1 else returns
+        row = {"step": step, "time_s": round(time_s, 3), "eval_return_mean": team.mean().item(),
+               "eval_return_std": team.std(unbiased=False).item(), "eval_episode_length": lengths.mean().item(),
                "train_episode_return": stats.get("train/episode_return", math.nan)}
         self.rows.append(row)
         with open(self.csv_path, "a", newline="") as f:
-            csv.DictWriter(f, METRICS_COLUMNS).writerow(row)
+            csv.DictWriter(f, METRICS_COLUMNS, extrasaction="ignore").writerow(row)
+        if self.tb is None:
+            self.tb = SummaryWriter(str(self.run_dir / "tb"), purge_step=self.purge_step)
         for key, value in {**stats, "eval/return_mean": row["eval_return_mean"],
                            "eval/return_std": row["eval_return_std"]}.items():
             self.tb.add_scalar(key, value, step)
@@ -117,5 +142,6 @@ class Evaluator:
     def close(self) -> None:
         if self.rows:
             self.plot()
-        self.tb.close()
+        if self.tb is not None:
+            self.tb.close()
         self.env.close()

@@ -1,35 +1,57 @@
-"""The single-process training loop: explore -> store -> update -> log -> evaluate -> checkpoint.
+"""The Trainer: one training run, explore -> store -> update -> evaluate -> checkpoint, one iteration per ``step()``.
 
-``train(config, AgentClass)`` runs until the evaluation reaches ``target_return``, ``total_steps`` env steps are
-done, ``time_limit`` seconds have passed, or a file named ``stop`` appears in the run directory (Ctrl-C stops it
-too, after a last checkpoint). Pass ``resume=True`` with ``config.run_dir`` set to continue from the last checkpoint.
+    with Trainer(config, PPO) as trainer:       # builds the env, the agent, the buffer and the run directory
+        trainer.step()                           # one iteration; returns its named statistics
+        result = trainer.run()                   # iterate until a stop condition; evaluations and checkpoints
+        state = trainer.state_dict()             # the whole run in memory: copy it into another Trainer ...
+        other.load_state_dict(state)             # ... which continues exactly as this one would
+
+``run()`` stops when an evaluation reaches ``target_return``, after ``total_steps`` env steps (or the ``steps`` it is
+given), after ``time_limit`` seconds, when a file named ``stop`` appears in the run directory, or on Ctrl-C (after a
+last checkpoint). Every way of training drives this class: alone (:func:`train`), as one of several data-parallel
+learners (a :class:`Coordinator`), behind explorer processes (:mod:`jaderl.parallel.pipeline` overrides ``collect``,
+``after_update`` and the evaluator), or as a member of a population.
+
+A Trainer owns its random streams: torch's generators are swapped in for each of its steps and evaluations and out
+again, so several Trainers in one process do not disturb each other. Its state holds the env's own state when the
+env can give it (torch-native envs: a copy continues bit for bit); other envs (Gymnasium's) restart their episodes.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import math
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 
-from jaderl.accel import accelerate
+from jaderl.accel import accelerate, rng_state, set_rng_state
 from jaderl.core.agent import Agent
-from jaderl.core.checkpoint import CHECKPOINT_JSON, load_checkpoint, save_checkpoint
+from jaderl.core.buffers import Batch
+from jaderl.core.checkpoint import CHECKPOINT_JSON, finite_or_raise, load_checkpoint, save_checkpoint
 from jaderl.core.config import Config, ConfigError
 from jaderl.core.evaluator import Evaluator
-from jaderl.envs import VecEnv, make_env
+from jaderl.envs import EnvSpec, VecEnv, make_env
 from jaderl.interrupts import ForcedInterrupt, deferred_interrupt
+
+INTERRUPT_GRACE_S = 5.0
+"""After Ctrl-C, how long a run waits for an evaluation under way before its last checkpoint (one not finished by
+then is due again after a resume)."""
 
 
 class TrainingError(RuntimeError):
     """Training cannot go on (for example a loss became NaN); the last checkpoint is kept."""
+
+
+class PeerError(TrainingError):
+    """A process beside the trainer failed; the trainer's own state is sound, so it is checkpointed first."""
 
 
 @dataclasses.dataclass
@@ -46,7 +68,7 @@ class TrainResult:
 
 
 class Coordinator(Protocol):
-    """Makes ``train`` one of several data-parallel learners (implemented by :mod:`jaderl.parallel.ddp`)."""
+    """Makes a Trainer one of several data-parallel learners (implemented by :mod:`jaderl.parallel.ddp`)."""
 
     is_main: bool
     """Whether this learner evaluates and reports; every learner checkpoints into its own ``config.run_dir``."""
@@ -97,142 +119,275 @@ def prepare_run_dir(config: Config, resume: bool) -> Path:
     return run_dir
 
 
+def check_spec(config: Config, agent_cls: type[Agent], spec: EnvSpec) -> None:
+    """One-sentence ConfigError when ``agent_cls`` cannot train on envs like ``spec``."""
+    if reason := agent_cls.accepts(spec):
+        raise ConfigError(f"{config.algo or agent_cls.__name__} cannot train on {config.env}: {reason}; run "
+                          "`jaderl algos` to see which algorithms fit")
+
+
+class Trainer:
+    """One training run of ``agent_cls`` as ``config`` says (see the module docstring). ``resume`` continues the
+    checkpoint in ``config.run_dir``; with a ``coordinator`` this Trainer is one of several data-parallel learners
+    and ``config.run_dir`` must exist already; ``progress`` is called once per iteration of :meth:`run`."""
+
+    def __init__(self, config: Config, agent_cls: type[Agent], resume: bool = False,
+                 progress: Callable[[dict[str, Any]], None] | None = None,
+                 coordinator: Coordinator | None = None) -> None:
+        torch.set_num_threads(config.num_threads)
+        self.config, self.progress, self.coordinator = config, progress, coordinator
+        self.device = resolve_device(config.device)
+        outer = rng_state(self.device)
+        torch.manual_seed(config.seed)
+        self.rng = rng_state(self.device)
+        set_rng_state(self.device, outer)
+        self.env: VecEnv | None = None
+        self.evaluator: Evaluator | None = None
+        try:  # a failing set-up (bad checkpoint, run directory, peers) closes the env: no worker process outlives it
+            with self.own_rng():
+                spec = self.make_env()
+                check_spec(config, agent_cls, spec)
+                self.run_dir = prepare_run_dir(config, resume) if coordinator is None else Path(config.run_dir)
+                self.agent = agent_cls(config, spec, self.device)
+                accelerate(self.agent)  # config.compile: compiled act and loss functions, eager fallback
+                self.buffer = self.agent.make_buffer()
+            self.time_s, self.next_eval, self.next_checkpoint = 0.0, config.eval_every, config.checkpoint_every
+            self.history: list[dict[str, Any]] = []  # hyperparameters changed during the run, with the step
+            self.stats: dict[str, torch.Tensor] = {}  # the latest update's statistics
+            self.last_eval = math.nan
+            if coordinator is None or coordinator.is_main:  # learners r > 0 neither evaluate nor log
+                self.evaluator = self.make_evaluator()
+            if resume:
+                self.resume_from(load_checkpoint(self.run_dir))
+            if coordinator is not None:
+                coordinator.attach(self.agent)
+            self.config.save_yaml(self.run_dir / "config.yaml", self.history)
+        except BaseException:
+            self.close()
+            raise
+
+    # --- what the pipeline replaces ---
+    def make_env(self) -> EnvSpec:
+        """Build the env that ``collect`` explores; returns its spec."""
+        cfg = self.config
+        self.env = make_env(cfg.env, cfg.num_envs, self.device, seed=cfg.seed, workers=cfg.env_workers)
+        return self.env.spec
+
+    def make_evaluator(self) -> Evaluator:
+        env = make_env(self.config.env, self.config.eval_episodes, self.device, seed=self.config.seed + 1)
+        return Evaluator(env, self.run_dir, seed=self.config.seed + 1)
+
+    def collect(self) -> Batch:
+        """The next trajectory (T, N, ...) to store."""
+        assert self.env is not None
+        return self.agent.explore(self.env, self.config.horizon)
+
+    def after_update(self) -> None:
+        """Called after every update (the pipeline publishes the new policy here)."""
+
+    def logged(self) -> dict[str, float]:
+        """What an evaluation records beside its result (host syncs: once per evaluation)."""
+        return checked_floats(self.stats, self.agent.steps) | self.agent.episodes.summary()
+
+    # --- the verbs ---
+    @contextlib.contextmanager
+    def own_rng(self) -> Iterator[None]:
+        """Run the block with this Trainer's random streams in torch's generators, and keep what it drew."""
+        outer = rng_state(self.device)
+        set_rng_state(self.device, self.rng)
+        try:
+            yield
+        finally:
+            self.rng = rng_state(self.device)
+            set_rng_state(self.device, outer)
+
+    def step(self) -> dict[str, torch.Tensor]:
+        """One iteration: explore, store, update; returns the update's named statistics (empty while warming up).
+        A Ctrl-C waits for the step's end, so no state holds half a step."""
+        start = time.perf_counter()
+        with deferred_interrupt(), self.own_rng():
+            self.buffer.add(self.collect())
+            stats = self.agent.update(self.buffer)
+            if self.coordinator is not None:
+                self.coordinator.after_update(self.agent)
+            self.after_update()
+        self.stats = stats or self.stats
+        self.time_s += time.perf_counter() - start
+        return stats
+
+    def evaluate(self) -> float:
+        """Evaluate the current policy now (recorded in metrics.csv); returns the mean return."""
+        if self.evaluator is None:
+            raise TrainingError("this learner does not evaluate: learner 0 does")
+        with self.own_rng():
+            self.evaluator.request(self.agent, self.agent.steps, self.time_s, self.logged())
+        return self._evaluated(self.evaluator.poll(wait=True))
+
+    def _evaluated(self, value: float | None) -> float:
+        """Keep the mean return of an evaluation that finished (None: none did) and return it (NaN for none)."""
+        if value is not None:
+            self.last_eval = value
+        return value if value is not None else math.nan
+
+    def run(self, steps: int | None = None) -> TrainResult:
+        """Train until a stop condition (see the module docstring); ``steps``: at most this many more env steps
+        (stop reason ``period``), e.g. one period of a population member."""
+        until = None if steps is None else self.agent.steps + steps
+        reason = ""
+        try:
+            while not reason:
+                self.step()
+                reason = self.budget_reason(until)
+                reason = self._evaluate_if_due(reason)
+                if self.coordinator is not None:
+                    reason = self.coordinator.agree(reason)
+                if self.agent.steps >= self.next_checkpoint or reason:
+                    self.next_checkpoint = (self.agent.steps // self.config.checkpoint_every + 1) \
+                        * self.config.checkpoint_every
+                    self.checkpoint()
+                if self.progress is not None:
+                    self.progress({"steps": self.agent.steps, "time_s": self.time_s, "eval_return": self.last_eval,
+                                   "best_eval_return": self.best_return, "done": bool(reason)})
+        except ForcedInterrupt:  # a second Ctrl-C cut a step short: its state is not saved
+            raise
+        except KeyboardInterrupt:
+            if self.evaluator is not None:  # an evaluation under way (the pipeline's) that ends soon is recorded
+                self._evaluated(self.evaluator.poll(wait=INTERRUPT_GRACE_S))
+            self.checkpoint()
+            reason = "interrupted"
+        except PeerError:
+            self.checkpoint()
+            raise
+        solved = self.config.target_return is not None and self.best_return >= self.config.target_return
+        return TrainResult(solved=solved, steps=self.agent.steps, time_s=round(self.time_s, 3),
+                           best_eval_return=self.best_return, last_eval_return=self.last_eval, stop_reason=reason,
+                           run_dir=str(self.run_dir))
+
+    def _evaluate_if_due(self, reason: str) -> str:
+        """Take a finished evaluation, start one when due (always when stopping: the final policy, waited for); an
+        evaluator still busy (the pipeline's) postpones the next one while training goes on."""
+        evaluator, target = self.evaluator, self.config.target_return
+        if evaluator is None:
+            return reason
+        start = time.perf_counter()
+        results = [evaluator.poll(wait=bool(reason))]  # an evaluation under way finishes first when stopping
+        if (self.agent.steps >= self.next_eval or reason) and evaluator.pending_step is None:
+            with self.own_rng():
+                evaluator.request(self.agent, self.agent.steps, self.time_s, self.logged())
+            # only now: an evaluation cut short by Ctrl-C is due again after a resume
+            self.next_eval = (self.agent.steps // self.config.eval_every + 1) * self.config.eval_every
+            results.append(evaluator.poll(wait=bool(reason)))
+        for value in map(self._evaluated, results):
+            if target is not None and value >= target:
+                reason = "solved"
+        self.time_s += time.perf_counter() - start  # the evaluation counts as training time
+        return reason
+
+    @property
+    def best_return(self) -> float:
+        return self.evaluator.best_return if self.evaluator is not None else -math.inf
+
+    def budget_reason(self, until: int | None = None) -> str:
+        """Why the run must stop now for its budgets or a ``stop`` file (consumed), or "" to go on."""
+        if self.agent.steps >= self.config.total_steps:
+            return "total_steps"
+        if until is not None and self.agent.steps >= until:
+            return "period"
+        if self.config.time_limit is not None and self.time_s >= self.config.time_limit:
+            return "time_limit"
+        if (self.run_dir / "stop").exists():
+            (self.run_dir / "stop").unlink()
+            return "stop_file"
+        return ""
+
+    # --- state ---
+    def state_dict(self) -> dict[str, Any]:
+        """The whole run: networks, optimizers, buffer, normalisers, counters, random streams, the env's state (when
+        it has one), evaluations and hyperparameter history; tensors are the live ones (copy before changing them)."""
+        env_state = None if self.env is None else self.env.state_dict()
+        next_eval = self.next_eval  # an evaluation still running (the pipeline's) is due again after a load
+        if self.evaluator is not None and self.evaluator.pending_step is not None:
+            next_eval = min(next_eval, self.evaluator.pending_step)
+        return {"config": self.config.to_dict(), "history": self.history, "agent": self.agent.state_dict(),
+                "counters": {"time_s": self.time_s, "next_eval": next_eval, "next_checkpoint": self.next_checkpoint},
+                "buffer": list(self.buffer.state_dict()), "rng": {"torch": self.rng[0], "cuda": self.rng[1]},
+                "env": env_state, "last_obs": None if env_state is None else self.agent.last_obs,
+                "episodes": self.agent.episodes.state_dict(),
+                "evaluator": None if self.evaluator is None else self.evaluator.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from :meth:`state_dict` (of this run, another Trainer or a checkpoint). The state's mutable
+        hyperparameters come with it (they live in its optimizers)."""
+        finite_or_raise(state["agent"]["networks"], "the state's parameters")
+        self.agent.load_state_dict(copy.deepcopy(state["agent"]))  # optimizers would share another's live tensors
+        mutable = {k: v for k, v in state["config"].items() if k in self.agent.hyperparameters}
+        self.config = self.agent.config = self.config.replace(**mutable)
+        self.agent.apply_hyperparameters()
+        self.history = list(state["history"])
+        counters = state["counters"]
+        self.time_s, self.next_eval, self.next_checkpoint = (counters["time_s"], counters["next_eval"],
+                                                             counters["next_checkpoint"])
+        continued = state["env"] is not None and self.env is not None and self.env.state_dict() is not None
+        self.buffer.load_state_dict(*state["buffer"], cut_episodes=not continued)
+        self.rng = (state["rng"]["torch"].clone(), None if state["rng"]["cuda"] is None else state["rng"]["cuda"])
+        self.agent.episodes.load_state_dict(state["episodes"])
+        self.agent.last_obs = None  # the next explore resets the env, seeded from the steps done
+        if continued:
+            self.env.load_state_dict(state["env"])
+            self.agent.last_obs = state["last_obs"].to(self.device, copy=True)
+        else:
+            self.agent.episodes.running.zero_()
+        if self.evaluator is not None and state["evaluator"] is not None:
+            self.evaluator.load_state_dict(state["evaluator"])
+
+    def resume_from(self, state: dict[str, Any]) -> None:
+        """Load a checkpoint's state, then apply the hyperparameters this run's config changes (recorded in the
+        history that config.yaml shows)."""
+        wanted = {k: getattr(self.config, k) for k in self.agent.hyperparameters}
+        self.load_state_dict(state)
+        if changed := {k: v for k, v in wanted.items() if v != getattr(self.config, k)}:
+            self.set_hyperparameters(**changed)
+
+    def set_hyperparameters(self, **values: Any) -> None:
+        """Change the agent's mutable hyperparameters now (see :meth:`Agent.set_hyperparameters`), recorded in the
+        run's history and config.yaml."""
+        old = {k: getattr(self.config, k) for k in values if hasattr(self.config, k)}
+        self.agent.set_hyperparameters(**values)
+        self.config = self.config.replace(**values)
+        self.history.append({"step": self.agent.steps, "changed": {k: [old.get(k), v] for k, v in values.items()}})
+        self.config.save_yaml(self.run_dir / "config.yaml", self.history)
+
+    def checkpoint(self) -> None:
+        """Write :meth:`state_dict` into the run directory; a diverged agent (a parameter that is NaN or infinite)
+        raises :class:`TrainingError` instead of replacing the last good checkpoint."""
+        start = time.perf_counter()
+        params = self.agent.parameters()
+        if params and not torch.stack([p.isfinite().all() for p in params]).all():
+            raise TrainingError(f"the agent's parameters became NaN or infinite by step {self.agent.steps}; lower "
+                                "the learning rate or check the env's rewards (the last checkpoint is kept)")
+        self.time_s += time.perf_counter() - start
+        save_checkpoint(self.run_dir, self.state_dict(), self.agent.steps)
+
+    def close(self) -> None:
+        """Close the envs and the evaluator (its files, its plot); the agent stays usable."""
+        if self.env is not None:
+            self.env.close()
+        if self.evaluator is not None:
+            self.evaluator.close()
+
+    def __enter__(self) -> Trainer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 def train(config: Config, agent_cls: type[Agent], resume: bool = False,
           progress: Callable[[dict[str, Any]], None] | None = None,
           coordinator: Coordinator | None = None) -> TrainResult:
-    """Train ``agent_cls`` as ``config`` says, in this process; returns the run's summary. With a ``coordinator``,
-    this process is one of several learners and ``config.run_dir`` must already exist."""
-    torch.set_num_threads(config.num_threads)
-    device = resolve_device(config.device)
-    torch.manual_seed(config.seed)
-    env = make_env(config.env, config.num_envs, device, seed=config.seed, workers=config.env_workers)
-    try:  # a failing set-up (bad checkpoint, run directory, peers) closes the env: no worker process outlives it
-        check_actions(config, agent_cls, env.is_discrete)
-        run_dir = prepare_run_dir(config, resume) if coordinator is None else Path(config.run_dir)
-        agent = agent_cls(config, env, device)
-        accelerate(agent)  # config.compile: compiled act and loss functions, eager fallback
-        buffer = agent.make_buffer()
-        counters = restore_state(run_dir, agent, buffer, env) if resume else new_counters(config)
-        if coordinator is not None:
-            coordinator.attach(agent)
-        config.save_yaml(run_dir / "config.yaml")
-        evaluator: Evaluator | None = None  # learners r > 0 neither evaluate nor log: no eval env, metrics.csv, tb/
-        if coordinator is None or coordinator.is_main:
-            eval_env = make_env(config.env, config.eval_episodes, device, seed=config.seed + 1)
-            evaluator = Evaluator(eval_env, run_dir, seed=config.seed + 1, resume_step=agent.steps if resume else None)
-    except BaseException:
-        env.close()
-        raise
-
-    def checkpoint() -> None:
-        save_state(run_dir, config, counters, agent, buffer, env)
-
-    def best_return() -> float:
-        return evaluator.best_return if evaluator is not None else -math.inf
-
-    last_eval, reason = math.nan, ""
-    start = time.perf_counter() - counters["time_s"]
-    stats: dict[str, torch.Tensor] = {}
-    try:
-        while not reason:
-            # 1. explore, store, update (a Ctrl-C waits for the step's end: no checkpoint holds half a step)
-            with deferred_interrupt():
-                traj = agent.explore(env, config.horizon)
-                buffer.add(traj)
-                stats = agent.update(buffer) or stats
-                if coordinator is not None:
-                    coordinator.after_update(agent)
-            counters["time_s"] = time.perf_counter() - start
-            # 2. decide whether to stop (the evaluation below may also stop it)
-            reason = budget_reason(config, agent.steps, counters["time_s"], run_dir)
-            # 3. evaluate and log (the only host syncs of the loop)
-            if evaluator is not None and (agent.steps >= counters["next_eval"] or reason):
-                logged = checked_floats(stats, agent.steps) | agent.episode_stats()
-                last_eval = evaluator.evaluate(agent, agent.steps, counters["time_s"], logged)["eval_return_mean"]
-                # only now: an evaluation cut short by Ctrl-C is due again after a resume
-                counters["next_eval"] = (agent.steps // config.eval_every + 1) * config.eval_every
-                counters["time_s"] = time.perf_counter() - start  # the evaluation counts as training time
-                if config.target_return is not None and last_eval >= config.target_return:
-                    reason = "solved"
-            if coordinator is not None:
-                reason = coordinator.agree(reason)
-            # 4. checkpoint
-            if agent.steps >= counters["next_checkpoint"] or reason:
-                counters["next_checkpoint"] = (agent.steps // config.checkpoint_every + 1) * config.checkpoint_every
-                checkpoint()
-            if progress is not None:
-                progress({"steps": agent.steps, "time_s": counters["time_s"], "eval_return": last_eval,
-                          "best_eval_return": best_return(), "done": bool(reason)})
-    except ForcedInterrupt:  # a second Ctrl-C cut a step short: its state is not saved
-        raise
-    except KeyboardInterrupt:
-        counters["time_s"] = time.perf_counter() - start
-        checkpoint()
-        reason = "interrupted"
-    finally:
-        env.close()
-        if evaluator is not None:
-            evaluator.close()
-    solved = config.target_return is not None and best_return() >= config.target_return
-    return TrainResult(solved=solved, steps=agent.steps, time_s=round(counters["time_s"], 3),
-                       best_eval_return=best_return(), last_eval_return=last_eval, stop_reason=reason,
-                       run_dir=str(run_dir))
-
-
-def check_actions(config: Config, agent_cls: type[Agent], is_discrete: bool) -> None:
-    """One-sentence ConfigError when ``agent_cls`` cannot act in the env's action space."""
-    if not (agent_cls.discrete if is_discrete else agent_cls.continuous):
-        kind = "discrete" if is_discrete else "continuous"
-        raise ConfigError(f"{config.algo or agent_cls.__name__} does not support the {kind} actions of {config.env}; "
-                          "run `jaderl algos` to see which algorithms do")
-
-
-def new_counters(config: Config) -> dict[str, Any]:
-    """The loop's checkpointed counters at the start of a run."""
-    return {"time_s": 0.0, "next_eval": config.eval_every, "next_checkpoint": config.checkpoint_every}
-
-
-def restore_state(run_dir: Path, agent: Agent, buffer: Any, env: VecEnv | None = None) -> dict[str, Any]:
-    """Load the last checkpoint of ``run_dir`` into ``agent``, ``buffer``, torch's RNGs and ``env``'s generator (if
-    it has one); returns the loop's counters."""
-    state = load_checkpoint(run_dir)
-    agent.load_state_dict(state["agent"])
-    buffer.load_state_dict(*state["buffer"])
-    torch.set_rng_state(state["rng"]["torch"])
-    if agent.device.type == "cuda" and state["rng"].get("cuda") is not None:
-        torch.cuda.set_rng_state(state["rng"]["cuda"], agent.device)
-    if env is not None and state["rng"].get("env") is not None:
-        env.set_rng_state(state["rng"]["env"])  # the next reset draws from it, not from the env's seed
-    return state["counters"]
-
-
-def save_state(run_dir: Path, config: Config, counters: dict[str, Any], agent: Agent, buffer: Any,
-               env: VecEnv | None = None) -> None:
-    """Checkpoint everything :func:`restore_state` reads back; a diverged agent (a parameter that is NaN or infinite)
-    raises :class:`TrainingError` instead of replacing the last good checkpoint."""
-    params = [p for m in vars(agent).values() if isinstance(m, torch.nn.Module) for p in m.parameters()]
-    if params and not torch.stack([p.isfinite().all() for p in params]).all():
-        raise TrainingError(f"the agent's parameters became NaN or infinite by step {agent.steps}; lower the "
-                            "learning rate or check the env's rewards (the last checkpoint is kept)")
-    generator = getattr(env, "generator", None)
-    rng = {"torch": torch.get_rng_state(),
-           "cuda": torch.cuda.get_rng_state(agent.device) if agent.device.type == "cuda" else None,
-           "env": generator.get_state() if generator is not None else None}
-    state = {"config": config.to_dict(), "counters": counters, "agent": agent.state_dict(),
-             "buffer": list(buffer.state_dict()), "rng": rng}
-    save_checkpoint(run_dir, state, agent.steps)
-
-
-def budget_reason(config: Config, steps: int, time_s: float, run_dir: Path) -> str:
-    """Why the run must stop now for its budgets or a ``stop`` file (consumed), or "" to go on."""
-    if steps >= config.total_steps:
-        return "total_steps"
-    if config.time_limit is not None and time_s >= config.time_limit:
-        return "time_limit"
-    if (run_dir / "stop").exists():
-        (run_dir / "stop").unlink()
-        return "stop_file"
-    return ""
+    """Train ``agent_cls`` as ``config`` says, in this process, until a stop condition; returns the run's summary."""
+    with Trainer(config, agent_cls, resume=resume, progress=progress, coordinator=coordinator) as trainer:
+        return trainer.run()
 
 
 def checked_floats(stats: dict[str, torch.Tensor], step: int) -> dict[str, float]:

@@ -8,20 +8,21 @@ from jaderl.envs.atari import is_atari_id, make_atari_env
 from jaderl.envs.chasing import CHASING_ENVS
 from jaderl.envs.classic import MORE_TORCH_ENVS
 from jaderl.envs.classic import TORCH_ENVS as _CLASSIC_ENVS
+from jaderl.envs.mpe import MPE_ENVS
 from jaderl.envs.stock import STOCK_ENVS, StockTradingEnv, is_stock_id
-from jaderl.envs.vec import EnvError, GymnasiumVecEnv, VecEnv
+from jaderl.envs.vec import EnvError, EnvSpec, GymnasiumVecEnv, VecEnv
 
-TORCH_ENVS: dict[str, type[VecEnv]] = {**_CLASSIC_ENVS, **MORE_TORCH_ENVS, **CHASING_ENVS, **STOCK_ENVS}
+TORCH_ENVS: dict[str, type[VecEnv]] = {**_CLASSIC_ENVS, **MORE_TORCH_ENVS, **CHASING_ENVS, **STOCK_ENVS, **MPE_ENVS}
 """Every torch-native env id and its class; each class takes ``(num_envs, device, dtype, seed)``."""
 
-__all__ = ["TORCH_ENVS", "EnvError", "GymnasiumVecEnv", "VecEnv", "make_env"]
+__all__ = ["TORCH_ENVS", "EnvError", "EnvSpec", "GymnasiumVecEnv", "VecEnv", "make_env"]
 
 
 def make_env(name: str, num_envs: int, device: torch.device | str = "cpu", seed: int | None = None,
              workers: int = 0) -> VecEnv:
     """Build ``num_envs`` copies of env ``name``: a built-in torch env (``jaderl/...``), an Atari game (``ALE/...`` or
-    ale-py's older ids such as ``PongNoFrameskip-v4``, preprocessed as in :mod:`jaderl.envs.atari`) or any Gymnasium
-    id.
+    ale-py's older ids such as ``PongNoFrameskip-v4``, preprocessed as in :mod:`jaderl.envs.atari`), a VMAS scenario
+    (``vmas/navigation``), a PettingZoo parallel env (``pettingzoo/mpe2.simple_spread_v3``) or any Gymnasium id.
 
     ``workers > 0`` steps a Gymnasium id in that many worker processes alongside this one, through shared memory
     (:class:`~jaderl.envs.subproc.SubprocVecEnv`); the default steps it in this process. Torch-native and Atari
@@ -32,6 +33,14 @@ def make_env(name: str, num_envs: int, device: torch.device | str = "cpu", seed:
         return StockTradingEnv(num_envs=num_envs, device=device, seed=seed, env_id=name)
     if name in TORCH_ENVS:
         return TORCH_ENVS[name](num_envs=num_envs, device=device, seed=seed)
+    if name.startswith("vmas/"):  # VMAS scenarios, batched on the device already (pip install 'jaderl[vmas]')
+        from jaderl.envs.vmas import make_vmas_env
+
+        return make_vmas_env(name, num_envs, device, seed=seed)
+    if name.startswith("pettingzoo/"):  # any PettingZoo parallel env by module path (pip install 'jaderl[marl]')
+        from jaderl.envs.pettingzoo import make_pettingzoo_env
+
+        return make_pettingzoo_env(name, num_envs, device, seed=seed, workers=workers)
     if name.startswith("jaderl/"):
         raise EnvError(f"unknown env {name!r}; the built-in torch envs are: {', '.join(sorted(TORCH_ENVS))}")
     if workers > 0:

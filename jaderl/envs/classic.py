@@ -148,6 +148,15 @@ class _TorchClassicEnv(VecEnv):
         self._fresh = False
         return self._observe()
 
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The state, step counters and random stream: a copy continues the same episodes bit for bit."""
+        return {"state": self._state, "elapsed_steps": self.elapsed_steps, "generator": self.generator.get_state()}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        self._state = state["state"].to(self.device, self.dtype, copy=True)
+        self.elapsed_steps.copy_(state["elapsed_steps"])
+        self.set_rng_state(state["generator"])
+
     # ---------------------------------------------------------------------------------------------- reset / step
     def reset(self, seed: int | None = None) -> torch.Tensor:
         """Reset every sub-env to a fresh random initial state and zero the step counters.

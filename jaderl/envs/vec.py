@@ -19,6 +19,7 @@ Continuous actions beyond ``[-1, 1]`` are clipped.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib
 from collections.abc import Callable
@@ -44,10 +45,47 @@ def discrete_action_error(env_name: str, num_actions: int, low: float, high: flo
                     f"give the agent {num_actions} actions (the env's action_dim)")
 
 
+@dataclasses.dataclass(frozen=True)
+class EnvSpec:
+    """What an agent needs to know of a batched env, without the env: agents are built from a spec.
+
+    A multi-agent env (``num_agents > 1``) observes ``(N, num_agents, *obs_shape)``, takes ``(N, num_agents)``
+    discrete or ``(N, num_agents, action_dim)`` continuous actions, returns rewards ``(N, num_agents)`` and, when
+    ``state_shape`` is set, a global state ``(N, *state_shape)`` from :meth:`VecEnv.global_state` (and the state each
+    finished sub-env reached in ``info["final_state"]``). ``obs_shape`` is one agent's observation.
+    """
+
+    num_envs: int
+    obs_shape: tuple[int, ...]
+    is_discrete: bool
+    action_dim: int
+    """Number of actions when discrete, size of the action vector when continuous."""
+    action_low: tuple[float, ...] | None = None
+    """The env's own bounds of a continuous action (jaderl acts in [-1, 1] and the env rescales); None: [-1, 1]."""
+    action_high: tuple[float, ...] | None = None
+    max_steps: int = 0
+    """Episode length at which a sub-env is truncated (0 when it has none)."""
+    obs_dtype: str = "float32"
+    """``uint8`` for images, ``float32`` otherwise (the dtype observations arrive in)."""
+    num_agents: int = 1
+    state_shape: tuple[int, ...] | None = None
+    """Shape of one sub-env's global state (multi-agent envs that have one), else None."""
+    teams: tuple[str, ...] = ()
+    """The team of every agent (``("adversary", "adversary", "agent")``) in mixed games; empty: one team."""
+
+    @property
+    def is_multi_agent(self) -> bool:
+        return self.num_agents > 1
+
+    def replace(self, **changes: Any) -> EnvSpec:
+        return dataclasses.replace(self, **changes)
+
+
 class VecEnv:
     """Base class of the batched env contract (see the module docstring).
 
-    Subclasses set the attributes below in ``__init__`` and implement ``reset`` and ``step``.
+    Subclasses set the attributes below in ``__init__`` and implement ``reset`` and ``step``; multi-agent envs also
+    set ``num_agents`` and ``state_shape`` and implement :meth:`global_state`.
     """
 
     num_envs: int
@@ -58,6 +96,33 @@ class VecEnv:
     max_steps: int
     """Episode length at which a sub-env is truncated (0 when it has none)."""
     device: torch.device
+    num_agents: int = 1
+    state_shape: tuple[int, ...] | None = None
+    teams: tuple[str, ...] = ()
+
+    @property
+    def spec(self) -> EnvSpec:
+        """The env's description (an agent is built from it)."""
+        low, high = getattr(self, "_low", None), getattr(self, "_high", None)
+        uint8 = getattr(self, "_obs_dtype", None) == torch.uint8
+        return EnvSpec(num_envs=self.num_envs, obs_shape=tuple(self.obs_shape), is_discrete=self.is_discrete,
+                       action_dim=self.action_dim, max_steps=self.max_steps, obs_dtype="uint8" if uint8 else "float32",
+                       action_low=None if low is None else tuple(float(x) for x in low),
+                       action_high=None if high is None else tuple(float(x) for x in high),
+                       num_agents=self.num_agents, state_shape=self.state_shape, teams=tuple(self.teams))
+
+    def global_state(self) -> torch.Tensor:
+        """Multi-agent envs: the global state ``(N, *state_shape)`` of every sub-env now."""
+        raise NotImplementedError(f"{type(self).__name__} has no global state")
+
+    def state_dict(self) -> dict[str, torch.Tensor] | None:
+        """Everything a copy needs to continue this env bit for bit (states, step counters, random stream), or None
+        for envs that cannot be copied (Gymnasium's: their episodes restart from a reset)."""
+        return None
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Continue from :meth:`state_dict` (the next ``step`` continues the same episodes)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot restore its state")
 
     def reset(self, seed: int | None = None) -> torch.Tensor:
         raise NotImplementedError

@@ -96,8 +96,7 @@ def average_gradients(params: list[nn.Parameter], group: dist.ProcessGroup | Non
 
 def _obs_norms(agent: Agent) -> list[ObsNorm]:
     """The agent's enabled observation normalisers, each once."""
-    found = {id(m): m for v in agent._components().values() if isinstance(v, nn.Module)
-             for m in v.modules() if isinstance(m, ObsNorm) and m.enabled}
+    found = {id(v): v for v in agent.running_stats().values() if isinstance(v, ObsNorm) and v.enabled}
     return list(found.values())
 
 
@@ -126,11 +125,10 @@ class Learners:
                     moved = tensor.to(agent.device)
                     dist.broadcast(moved, group=self.group, group_src=0)
                     tensor.copy_(moved)
-        counters = torch.tensor([float(getattr(agent, name)) for name in agent.counters], dtype=torch.float64,
-                                device=agent.device)
+        own = agent.counters()
+        counters = torch.tensor([float(v) for v in own.values()], dtype=torch.float64, device=agent.device)
         dist.broadcast(counters, group=self.group, group_src=0)
-        for name, value in zip(agent.counters, counters.tolist(), strict=True):
-            setattr(agent, name, type(getattr(agent, name))(value))
+        agent.load_counters(dict(zip(own, counters.tolist(), strict=True)))
         agent.grad_hook = lambda params: average_gradients(params, self.group)
         self._steps = agent.steps
         self._snapshot(agent)
@@ -144,18 +142,17 @@ class Learners:
         """Sum the learners' new env steps, merge their normalisers exactly, average scalar running statistics
         and check that their counters agree: one all-gather of a small float64 row per learner."""
         norms = _obs_norms(agent)
-        averaged = [t for t in vars(agent).values()
-                    if isinstance(t, torch.Tensor) and t.dim() == 0 and t.is_floating_point()
-                    and not isinstance(t, nn.Parameter)]
-        counters = [name for name in agent.counters if name != "steps"]
-        parts = [torch.tensor([agent.steps - self._steps, *(float(getattr(agent, c)) for c in counters)],
+        averaged = [t for t in agent.running_stats().values() if isinstance(t, torch.Tensor) and t.is_floating_point()]
+        values = {k: v for k, v in agent.counters().items() if k != "steps"}
+        counters = list(values)
+        parts = [torch.tensor([agent.steps - self._steps, *(float(v) for v in values.values())],
                               dtype=torch.float64, device=agent.device)]
         for norm, (count0, mean0, var0) in zip(norms, self._norm_snapshots, strict=True):
             count, shift = norm.count.double(), norm.mean.double() - mean0
             # this learner's observations since the snapshot: their number, sum and scatter about mean0
             parts += [(count - count0).reshape(1), (count * shift).reshape(-1),
                       (count * norm.var.double() + count * shift.square() - count0 * var0).reshape(-1)]
-        parts += [t.to(agent.device, torch.float64).reshape(1) for t in averaged]
+        parts += [t.to(agent.device, torch.float64).reshape(-1) for t in averaged]
         row = torch.cat(parts)
         rows = [torch.empty_like(row) for _ in range(self.world)]
         dist.all_gather(rows, row, group=self.group)
@@ -178,8 +175,9 @@ class Learners:
             norm.mean.copy_(mean0 + shift)
             norm.var.copy_((count0 * var0 + scatter.view_as(var0)) / count - shift.square())
             norm.count.copy_(count.reshape(()))
-        for t, value in zip(averaged, total[offset:] / self.world, strict=True):
-            t.copy_(value)
+        for t in averaged:
+            t.copy_((total[offset:offset + t.numel()] / self.world).view_as(t))
+            offset += t.numel()
         self._snapshot(agent)
 
     def agree(self, reason: str) -> str:
@@ -279,7 +277,7 @@ def learner_config(config: Config, rank: int) -> Config:
 def _checkpoint_step(run_dir: Path) -> int | None:
     """The step of the checkpoint in ``run_dir`` (None if there is none), read from its JSON only."""
     try:
-        return int(json.loads((run_dir / CHECKPOINT_JSON).read_text())["state"]["agent"]["steps"])
+        return int(json.loads((run_dir / CHECKPOINT_JSON).read_text())["state"]["agent"]["counters"]["steps"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -298,7 +296,7 @@ def _prepare_learner_dirs(config: Config, resume: bool) -> None:
             continue
         state = load_checkpoint(run_dir)
         generator = torch.Generator().manual_seed(own.seed + int(main_step or 0))
-        state["rng"] = {"torch": generator.get_state(), "cuda": None, "env": None}
+        state["rng"], state["env"], state["last_obs"] = {"torch": generator.get_state(), "cuda": None}, None, None
         state["config"] = own.to_dict()
         save_checkpoint(learner_dir, state, int(main_step or 0))
 

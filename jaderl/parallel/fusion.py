@@ -43,10 +43,9 @@ def state_tensors(obj: Fusible) -> list[torch.Tensor]:
 
 
 def _parameter_tensors(item: nn.Module | Agent) -> list[torch.Tensor]:
-    """Parameters and buffers of a module, or of every network and free parameter of an agent (no optimizers)."""
+    """Parameters and buffers of a module, or of every network of an agent (no optimizers)."""
     if isinstance(item, Agent):
-        return [t for k, v in item._components().items() if not isinstance(v, torch.optim.Optimizer)
-                for t in state_tensors(v)]
+        return [t for net in item.networks().values() for t in state_tensors(net)]
     return state_tensors(item)
 
 
@@ -68,8 +67,8 @@ def _average(groups: Sequence[Sequence[torch.Tensor]]) -> None:
 
 
 def average_parameters(items: Sequence[nn.Module | Agent]) -> None:
-    """Set the parameters and floating buffers of every module (or every network and free parameter of every
-    agent, such as SAC's ``log_alpha``) in ``items`` to their mean over ``items``, in place."""
+    """Set the parameters and floating buffers of every module (or every network of every agent, SAC's entropy
+    coefficient included) in ``items`` to their mean over ``items``, in place."""
     _average([_parameter_tensors(item) for item in items])
 
 
@@ -80,7 +79,7 @@ def average_optimizer_states(optimizers: Sequence[torch.optim.Optimizer]) -> Non
 
 
 def fuse_agents(agents: Sequence[Agent]) -> None:
-    """Average everything ``state_dict`` holds in tensors (networks, free parameters, optimizer states) over
+    """Average everything ``state_dict`` holds in tensors (networks, optimizer states, running statistics) over
     ``agents``, in place; counters such as ``steps`` keep each agent's own value."""
     _average([state_tensors(agent) for agent in agents])
 

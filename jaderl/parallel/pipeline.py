@@ -44,23 +44,11 @@ from typing import Any
 import torch
 import torch.multiprocessing as tmp
 
-from jaderl.accel import accelerate, mixed_precision, native_bfloat16
+from jaderl.accel import mixed_precision, native_bfloat16
 from jaderl.core.agent import Agent
 from jaderl.core.config import Config
-from jaderl.core.loop import (
-    TrainingError,
-    TrainResult,
-    budget_reason,
-    check_actions,
-    checked_floats,
-    new_counters,
-    prepare_run_dir,
-    resolve_device,
-    restore_state,
-    save_state,
-)
-from jaderl.envs import make_env
-from jaderl.interrupts import ForcedInterrupt, deferred_interrupt
+from jaderl.core.loop import PeerError, Trainer, TrainingError, TrainResult
+from jaderl.envs import EnvSpec, make_env
 from jaderl.parallel.exits import describe_exit, exit_on_sigterm
 
 POLL_S = 0.5
@@ -71,18 +59,8 @@ WORKER_SEED_STRIDE = 10_007
 """Worker w explores sub-envs seeded from ``seed + (w + 1) * WORKER_SEED_STRIDE`` (+ the steps done, on resume)."""
 
 
-class WorkerError(TrainingError):
+class WorkerError(PeerError):
     """An explorer worker or the evaluator raised or died; the learner saved a checkpoint and stopped the others."""
-
-
-@dataclasses.dataclass
-class _Spaces:
-    """What an agent reads from its env: the learner's agent sees all workers' sub-envs as one batch."""
-
-    num_envs: int
-    obs_shape: tuple[int, ...]
-    is_discrete: bool
-    action_dim: int
 
 
 @dataclasses.dataclass
@@ -148,13 +126,14 @@ def _child_main(name: str, shared: _Shared, body: Callable[[], None]) -> None:
 
 
 def _explorer(worker: int, config_dict: dict[str, Any], agent_cls: type[Agent], shared: _Shared,
-              out: Any, go: Any, start_steps: int) -> None:
+              out: Any, go: Any) -> None:
     def body() -> None:
+        start_steps = shared.steps.value  # the learner's steps when it started the children
         config = agent_cls.config_cls.from_dict(config_dict)
         config = config.replace(seed=_worker_seed(config, worker, start_steps))
         torch.manual_seed(config.seed)
         env = make_env(config.env, config.num_envs, "cpu", seed=config.seed, workers=config.env_workers)
-        agent = agent_cls(config, env, torch.device("cpu"))
+        agent = agent_cls(config, env.spec, torch.device("cpu"))
         if native_bfloat16(agent.device):  # config.precision: act as the learner's networks compute, where that is
             mixed_precision(agent, warn=False)  # not slower (the learner may be a GPU, the explorers a plain CPU)
         agent.steps = start_steps  # config.seed (this worker's, from start_steps) seeds the env
@@ -175,8 +154,7 @@ def _explorer(worker: int, config_dict: dict[str, Any], agent_cls: type[Agent], 
                 if agent.last_obs is None:
                     agent.last_obs = env.reset(seed=config.seed)
                 traj = agent.explore(env, config.horizon)
-                episodes = agent._finished.clone()
-                agent._finished.zero_()
+                episodes = agent.episodes.take()
                 while not shared.stop.is_set():
                     try:
                         out.put((traj, episodes, used), timeout=POLL_S)
@@ -192,7 +170,7 @@ def _explorer(worker: int, config_dict: dict[str, Any], agent_cls: type[Agent], 
 
 
 def _evaluator(config_dict: dict[str, Any], agent_cls: type[Agent], shared: _Shared, requests: Any,
-               results: Any, resume_step: int | None) -> None:
+               results: Any, rows: list[dict[str, float]]) -> None:
     def body() -> None:
         from pathlib import Path
 
@@ -200,11 +178,12 @@ def _evaluator(config_dict: dict[str, Any], agent_cls: type[Agent], shared: _Sha
 
         config = agent_cls.config_cls.from_dict(config_dict)
         env = make_env(config.env, config.eval_episodes, "cpu", seed=config.seed + 1)
-        agent = agent_cls(config, env, torch.device("cpu"))
+        agent = agent_cls(config, env.spec, torch.device("cpu"))
         if native_bfloat16(agent.device):  # as the explorers
             mixed_precision(agent, warn=False)
-        evaluator = Evaluator(env, Path(config.run_dir), seed=config.seed + 1, resume_step=resume_step)
-        results.put(("ready", evaluator.best_return, evaluator.rows[-1]["step"] if evaluator.rows else None))
+        evaluator = Evaluator(env, Path(config.run_dir), seed=config.seed + 1)
+        evaluator.load_state_dict({"rows": rows})
+        results.put(("ready", evaluator.best_return))
         try:
             while not _orphaned():
                 try:
@@ -215,8 +194,7 @@ def _evaluator(config_dict: dict[str, Any], agent_cls: type[Agent], shared: _Sha
                     return
                 step, time_s, stats = request
                 agent.load_policy_state_dict(shared.eval_policy)
-                row = evaluator.evaluate(agent, step, time_s, stats)
-                results.put(("eval", row["eval_return_mean"]))
+                results.put(("eval", evaluator.evaluate(agent, step, time_s, stats)))
         finally:
             results.cancel_join_thread()
             evaluator.close()
@@ -225,12 +203,14 @@ def _evaluator(config_dict: dict[str, Any], agent_cls: type[Agent], shared: _Sha
 
 
 class _Pipeline:
-    """The learner's side: starts, feeds, watches and stops the worker and evaluator processes."""
+    """The learner's side: starts, feeds, watches and stops the worker and evaluator processes. It is also the
+    Trainer's evaluator (``request``, ``poll``, ``pending_step``, the rows of metrics.csv as its state): the
+    evaluator process evaluates while training goes on."""
 
-    def __init__(self, config: Config, agent_cls: type[Agent], agent: Agent, resume_step: int | None) -> None:
+    def __init__(self, config: Config, agent_cls: type[Agent], agent: Agent) -> None:
         ctx = tmp.get_context("forkserver")  # children fork from a clean server that has imported jaderl (and torch)
         ctx.set_forkserver_preload(["__main__", "jaderl.parallel.pipeline", "jaderl.algos"])
-        self.config, self.agent = config, agent
+        self.config, self.agent_cls, self.agent = config, agent_cls, agent
         policy = _cpu_policy(agent)
         self.shared = _Shared(policy={k: v.share_memory_() for k, v in policy.items()},
                               eval_policy={k: v.clone().share_memory_() for k, v in policy.items()},
@@ -240,24 +220,37 @@ class _Pipeline:
         self.go = [ctx.Semaphore(0) for _ in range(config.workers)]
         self.policy_lag = 0.0  # mean number of publications the policies of the last round were behind
         self.requests, self.results = ctx.Queue(), ctx.Queue()
-        self.eval_pending = False
-        self.eval_step = 0  # the step of the pending evaluation
-        self.last_eval_step: int | None = None  # the step of the last evaluation in metrics.csv when started
-        self.processes: dict[str, SpawnProcess] = {}
-        self.processes["evaluator"] = ctx.Process(
+        self.pending_step: int | None = None  # the step of the evaluation under way
+        self.rows: list[dict[str, float]] = []  # metrics.csv's rows, as the evaluator process wrote them
+        self.best_return = -math.inf
+        # created now, started by start(): their arguments are sent then, with the rows and steps of that moment
+        self.processes: dict[str, SpawnProcess] = {"evaluator": ctx.Process(
             target=_evaluator, name="jaderl-evaluator", daemon=True,
-            args=(config.to_dict(), agent_cls, self.shared, self.requests, self.results, resume_step))
+            args=(config.to_dict(), agent_cls, self.shared, self.requests, self.results, self.rows))}
         for w in range(config.workers):
             self.processes[f"explorer worker {w}"] = ctx.Process(
                 target=_explorer, name=f"jaderl-explorer{w}", daemon=config.env_workers == 0,
-                args=(w, config.to_dict(), agent_cls, self.shared, self.trajectories[w], self.go[w], agent.steps))
-        self.best_return = -math.inf
+                args=(w, config.to_dict(), agent_cls, self.shared, self.trajectories[w], self.go[w]))
+        self.started = False
 
     def start(self) -> None:
-        """Start the children and wait until the evaluator has set up the run's metrics."""
+        """Start the children with the learner's current policy and steps, and wait until the evaluator has set up
+        the run's metrics."""
+        for key, tensor in self.agent.policy_state_dict().items():
+            self.shared.policy[key].copy_(tensor)
+        self.shared.steps.value = self.agent.steps  # the explorers start from it
+        self.started = True
         for process in self.processes.values():
             process.start()
-        _, self.best_return, self.last_eval_step = self._get(self.results, "evaluator")
+        _, self.best_return = self._get(self.results, "evaluator")
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"rows": self.rows}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.started:
+            raise TrainingError("a running pipeline cannot take another state; load it before the first step")
+        self.rows[:] = [dict(row) for row in state["rows"]]  # the evaluator process's argument
 
     # --- watching ---
     def check(self) -> None:
@@ -319,34 +312,41 @@ class _Pipeline:
             raise TrainingError(f"on-policy rounds went out of step (policy lag {self.policy_lag})")
         device = self.agent.device
         traj = {k: torch.cat([p[0][k] for p in parts], dim=1).to(device) for k in parts[0][0]}
-        self.agent._finished += sum(p[1] for p in parts).to(device)
-        self.agent.steps += traj["reward"].numel()
+        self.agent.episodes.add(sum(p[1] for p in parts))
+        self.agent.steps += traj["reward"].shape[0] * traj["reward"].shape[1]
+        if not self.agent.on_policy:  # what explore() does in one process
+            self.agent.obs_norm.update(traj["obs"])
         return traj
 
-    def request_eval(self, step: int, time_s: float, stats: dict[str, float]) -> None:
-        """Ask for an evaluation of the current policy; the evaluator must be idle (``eval_pending`` false)."""
-        for key, tensor in self.agent.policy_state_dict().items():
+    def request(self, agent: Agent, step: int, time_s: float, stats: dict[str, float]) -> None:
+        """Ask for an evaluation of the current policy; the evaluator must be idle (``pending_step`` None)."""
+        for key, tensor in agent.policy_state_dict().items():
             self.shared.eval_policy[key].copy_(tensor)
         self.requests.put((step, time_s, stats))
-        self.eval_pending, self.eval_step = True, step
+        self.pending_step = step
 
-    def poll_eval(self, wait: bool = False) -> float | None:
-        """The return of the evaluation that finished since the last call, if any (``wait``: wait for it)."""
-        if not self.eval_pending:
+    def poll(self, wait: bool | float = False) -> float | None:
+        """The return of the evaluation that finished since the last call, if any (``wait``: wait for it, or at
+        most that many seconds)."""
+        if self.pending_step is None:
             return None
         try:
-            _, value = self._get(self.results, "evaluator") if wait else self.results.get_nowait()
+            if wait is True:
+                _, row = self._get(self.results, "evaluator")
+            else:
+                _, row = self.results.get(timeout=wait) if wait else self.results.get_nowait()
         except queue.Empty:
             return None
-        self.eval_pending = False
-        self.best_return = max(self.best_return, value)
-        return value
+        self.pending_step = None
+        self.rows.append(row)
+        self.best_return = max(self.best_return, row["eval_return_mean"])
+        return row["eval_return_mean"]
 
     def close(self) -> None:
         """Stop every child: ask, wait, then terminate and kill what is left."""
         self.shared.stop.set()
         started = [p for p in self.processes.values() if p.pid is not None]
-        if self.processes["evaluator"].is_alive():
+        if "evaluator" in self.processes and self.processes["evaluator"].is_alive():
             self.requests.put(None)
         deadline = time.monotonic() + JOIN_S
         for process in started:
@@ -363,87 +363,34 @@ class _Pipeline:
             q.close()
 
 
+class PipelineTrainer(Trainer):
+    """The Trainer of the learner process: trajectories come from the explorer workers, the new policy is published
+    after every update, and the evaluator process evaluates while training goes on."""
+
+    def make_env(self) -> EnvSpec:
+        probe = make_env(self.config.env, 1, "cpu")  # check the env and read its spaces before starting any process
+        spec = probe.spec.replace(num_envs=self.config.num_envs * self.config.workers)
+        probe.close()
+        return spec
+
+    def make_evaluator(self) -> _Pipeline:  # type: ignore[override]
+        self.pipeline = _Pipeline(self.config, type(self.agent), self.agent)
+        return self.pipeline
+
+    def collect(self) -> dict[str, torch.Tensor]:
+        if not self.pipeline.started:
+            self.pipeline.start()
+        return self.pipeline.collect()
+
+    def after_update(self) -> None:
+        self.pipeline.publish()
+
+    def logged(self) -> dict[str, float]:
+        return super().logged() | {"pipeline/policy_lag": self.pipeline.policy_lag}
+
+
 def train_pipeline(config: Config, agent_cls: type[Agent], resume: bool = False,
                    progress: Callable[[dict[str, Any]], None] | None = None) -> TrainResult:
     """Train with ``config.workers`` explorer processes, this process as the learner and an evaluator process."""
-    torch.set_num_threads(config.num_threads)
-    device = resolve_device(config.device)
-    torch.manual_seed(config.seed)
-    probe = make_env(config.env, 1, "cpu")  # check the env and read its spaces before starting any process
-    spaces = _Spaces(config.num_envs * config.workers, probe.obs_shape, probe.is_discrete, probe.action_dim)
-    probe.close()
-    check_actions(config, agent_cls, spaces.is_discrete)
-    run_dir = prepare_run_dir(config, resume)
-    agent = agent_cls(config, spaces, device)  # type: ignore[arg-type]  # an agent reads only the spaces
-    accelerate(agent)  # config.compile: the learner's act and loss functions (explorers stay eager)
-    buffer = agent.make_buffer()
-    counters = restore_state(run_dir, agent, buffer) if resume else new_counters(config)
-    config.save_yaml(run_dir / "config.yaml")
-
-    def checkpoint() -> None:  # the explorers' envs are not saved: they start afresh, seeded from the steps
-        # an evaluation still running may never be recorded (the run can be killed, or end before it finishes):
-        # it is due again after a resume, unless metrics.csv holds it by then
-        saved = dict(counters)
-        if pipeline.eval_pending:
-            saved["next_eval"] = min(saved["next_eval"], pipeline.eval_step)
-        save_state(run_dir, config, saved, agent, buffer)
-
-    def logged() -> dict[str, float]:  # what an evaluation records beside its result (host syncs: once per eval)
-        return checked_floats(stats, agent.steps) | agent.episode_stats() | {"pipeline/policy_lag": pipeline.policy_lag}
-
-    pipeline = _Pipeline(config, agent_cls, agent, resume_step=agent.steps if resume else None)
-    last_eval, reason = math.nan, ""
-    stats: dict[str, torch.Tensor] = {}
-    start = time.perf_counter() - counters["time_s"]
-    try:
-        pipeline.start()
-        if pipeline.last_eval_step is not None and pipeline.last_eval_step >= counters["next_eval"]:
-            # the evaluation that was running at the checkpoint was recorded after all
-            counters["next_eval"] = (pipeline.last_eval_step // config.eval_every + 1) * config.eval_every
-        start = time.perf_counter() - counters["time_s"]
-        while not reason:
-            traj = pipeline.collect()
-            with deferred_interrupt():  # a Ctrl-C waits for the step's end: no checkpoint holds half a step
-                if not agent.on_policy:  # what explore() does in one process
-                    agent.obs_norm.update(traj["obs"])
-                buffer.add(traj)
-                stats = agent.update(buffer) or stats
-            pipeline.publish()
-            counters["time_s"] = time.perf_counter() - start
-            reason = budget_reason(config, agent.steps, counters["time_s"], run_dir)
-            result = pipeline.poll_eval()
-            if result is not None:
-                last_eval = result
-                if config.target_return is not None and result >= config.target_return:
-                    reason = reason or "solved"
-            if reason:  # a last evaluation of the final policy, waited for
-                pipeline.poll_eval(wait=True)
-            # an evaluation that is due while the evaluator is busy is postponed: training goes on meanwhile
-            if (agent.steps >= counters["next_eval"] or reason) and not pipeline.eval_pending:
-                counters["next_eval"] = (agent.steps // config.eval_every + 1) * config.eval_every
-                pipeline.request_eval(agent.steps, counters["time_s"], logged())
-            if reason:
-                last_eval = pipeline.poll_eval(wait=True)
-                if config.target_return is not None and last_eval >= config.target_return:
-                    reason = "solved"
-            if agent.steps >= counters["next_checkpoint"] or reason:
-                counters["next_checkpoint"] = (agent.steps // config.checkpoint_every + 1) * config.checkpoint_every
-                checkpoint()
-            if progress is not None:
-                progress({"steps": agent.steps, "time_s": counters["time_s"], "eval_return": last_eval,
-                          "best_eval_return": pipeline.best_return, "done": bool(reason)})
-    except ForcedInterrupt:  # a second Ctrl-C cut a step short: its state is not saved
-        raise
-    except KeyboardInterrupt:
-        counters["time_s"] = time.perf_counter() - start
-        checkpoint()
-        reason = "interrupted"
-    except WorkerError:
-        checkpoint()  # the learner's state is sound: keep it
-        raise
-    finally:
-        pipeline.close()
-    solved = config.target_return is not None and pipeline.best_return >= config.target_return
-    return TrainResult(solved=solved, steps=agent.steps, time_s=round(counters["time_s"], 3),
-                       best_eval_return=pipeline.best_return, last_eval_return=last_eval, stop_reason=reason,
-                       run_dir=str(run_dir))
+    with PipelineTrainer(config, agent_cls, resume=resume, progress=progress) as trainer:
+        return trainer.run()

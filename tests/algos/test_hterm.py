@@ -7,9 +7,9 @@ import torch
 
 from jaderl.algos import ALGOS
 from jaderl.algos.hterm import hterm_loss, sample_segments, tanh_gaussian_log_prob
+from jaderl.algos.nets import TanhGaussianActor
 from jaderl.api import make_config
 from jaderl.core.config import ConfigError
-from jaderl.core.nets import TanhGaussianActor
 from jaderl.envs import make_env
 
 

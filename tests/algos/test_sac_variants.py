@@ -71,11 +71,11 @@ def test_actor_objective_reduces_the_ensemble_as_configured(reduce: str, monkeyp
     agent2, _ = _agent("sac", num_critics=3, actor_reduce=reduce)
     agent2.critic.load_state_dict(agent.critic.state_dict())
     torch.manual_seed(3)
-    agent2.td_target(batch, agent2.log_alpha.exp())  # consume the same random numbers as update_once did
+    agent2.td_target(batch, agent2.alpha())  # consume the same random numbers as update_once did
     action, log_prob = agent2.actor.sample(batch["obs"])
     q = agent2.critic(batch["obs"], action)
     value = q.min(0).values if reduce == "min" else q.mean(0)
-    expected = (agent2.log_alpha.exp() * log_prob - value).mean()
+    expected = (agent2.alpha() * log_prob - value).mean()
     assert seen and seen[0].item() == pytest.approx(expected.item(), rel=1e-4)
 
 
@@ -95,7 +95,7 @@ def test_modsac_updates_the_actor_every_step_when_critics_fit_and_every_other_wh
 def test_modsac_starts_with_the_actor_on_two_of_three_critic_steps() -> None:
     """Before any critic loss is known, c = sqrt(ln 2): lambda = 1/2 and a threshold of 1 / (2 - 1/2) = 2/3."""
     agent, batch = _agent("modsac")
-    c = agent.state_dict()["critic_loss_ema"]
+    c = agent.state_dict()["running_stats"]["critic_loss_ema"]
     assert c.item() == pytest.approx(math.sqrt(math.log(2.0)))
     agent.critic_loss_avg = c.item()  # what update() takes before its gradient steps
     for _ in range(6):
@@ -130,7 +130,8 @@ def test_actor_every_skips_the_actor_and_alpha_in_between() -> None:
     snapshots = []
     for _ in range(6):
         agent.update_once(batch)
-        snapshots.append(([p.detach().clone() for p in agent.actor.parameters()], agent.log_alpha.detach().clone()))
+        snapshots.append(([p.detach().clone() for p in agent.actor.parameters()],
+                          agent.alpha.log_alpha.detach().clone()))
     assert (agent.critic_updates, agent.actor_updates) == (6, 2)
     changed = [not torch.equal(snapshots[k][1], snapshots[k - 1][1]) for k in range(1, 6)]
     assert changed == [False, True, False, False, True]  # alpha moves on critic steps 3 and 6 only
@@ -152,6 +153,6 @@ def test_modsac_running_critic_loss_survives_a_checkpoint(tmp_path) -> None:
 
     jaderl.train("modsac", "jaderl/Pendulum-v1", total_steps=400, warmup_steps=200, hidden=[16, 16], eval_every=400,
                  eval_episodes=1, run_dir=str(tmp_path / "run"), device="cpu")
-    saved = load_checkpoint(tmp_path / "run")["agent"]["critic_loss_ema"]
+    saved = load_checkpoint(tmp_path / "run")["agent"]["running_stats"]["critic_loss_ema"]
     resumed = jaderl.load(tmp_path / "run", best=False)
     assert saved > 0 and torch.equal(resumed._critic_loss_ema, saved)

@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 import torch
 
-from jaderl.accel import Tanh, accelerate
+from jaderl.accel import accelerate
 from jaderl.algos import PPO, SAC
 from jaderl.api import make_config, train
 from jaderl.core.agent import Agent
-from jaderl.core.nets import mlp
+from jaderl.core.nets import Tanh, mlp
 from jaderl.envs import make_env
 
 
@@ -220,8 +220,9 @@ def test_bfloat16_covers_mlps_q_networks_and_the_image_encoder() -> None:
     obs = torch.randn(5, 4)
     assert _output_dtypes(dqn.q_net, lambda: dqn.q_net(obs)) == {  # QNet's body is hidden throughout but its input
         "body.0": torch.float32, "body.1": torch.bfloat16, "body.2": torch.bfloat16, "advantage": torch.float32}
+    encoder = NatureCNN((36, 36, 2), out_dim=8)
     holder = SimpleNamespace(config=SimpleNamespace(precision="bfloat16"), device=torch.device("cpu"),
-                             encoder=NatureCNN((36, 36, 2), out_dim=8))
+                             encoder=encoder, networks=lambda: {"encoder": encoder})
     assert mixed_precision(holder)  # type: ignore[arg-type]
     images = torch.randint(0, 255, (3, 36, 36, 2), dtype=torch.uint8)
     dtypes = _output_dtypes(holder.encoder, lambda: holder.encoder(images))

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 import torch
 
 from jaderl.algos import ALGOS
 from jaderl.api import make_config
+from jaderl.envs import EnvSpec
 
 
 @pytest.mark.parametrize("algo", ["ppo", "sac", "dqn"])
@@ -17,7 +16,7 @@ def test_normalised_matrix_observations(algo: str) -> None:
     then flattened for the MLPs."""
     torch.manual_seed(0)
     discrete = algo == "dqn"
-    env = SimpleNamespace(num_envs=4, obs_shape=(2, 3), is_discrete=discrete, action_dim=2)
+    env = EnvSpec(num_envs=4, obs_shape=(2, 3), is_discrete=discrete, action_dim=2)
     config = make_config(algo, "jaderl/CartPole-v1" if discrete else "jaderl/Pendulum-v1", normalize_obs=True,
                          hidden=[8], num_envs=4, device="cpu", **({"minibatch_size": 4} if algo == "ppo" else {}))
     agent = ALGOS[algo].agent_cls(config, env, torch.device("cpu"))
@@ -47,7 +46,7 @@ def test_clipped_rewards_are_learned_from_and_raw_returns_logged() -> None:
         torch.manual_seed(0)
         agent = ALGOS["ppo"].agent_cls(config, env, torch.device("cpu"))
         reward = agent.explore(env, 200)["reward"]
-        logged[clip] = agent.episode_stats()["train/episode_return"]
+        logged[clip] = agent.episodes.summary()["train/episode_return"]
         if clip:
             assert set(reward.unique().tolist()) <= {-0.5, 0.0} and (reward == -0.5).any()
         else:

@@ -10,11 +10,12 @@ from torch import nn
 
 from jaderl.algos import ALGOS
 from jaderl.algos.dqn import DQN, DQNConfig
+from jaderl.algos.nets import EncodedNet
 from jaderl.algos.ppo import PPO, PPOConfig
 from jaderl.api import make_config
 from jaderl.core.agent import Agent
 from jaderl.core.checkpoint import load_checkpoint, save_checkpoint
-from jaderl.core.nets import EncodedNet, NatureCNN
+from jaderl.core.nets import NatureCNN
 from jaderl.envs.vec import VecEnv
 
 SIZE = 36  # the smallest image the Nature convolutions take: keeps the tests fast
@@ -191,10 +192,8 @@ def test_other_discrete_algorithms_train_the_shared_encoder(algo: str) -> None:
 
 
 def test_agent_on_images_too_small_names_the_problem() -> None:
-    from types import SimpleNamespace
+    from jaderl.envs.vec import EnvError, EnvSpec
 
-    from jaderl.envs.vec import EnvError
-
-    env = SimpleNamespace(num_envs=2, obs_shape=(3, 8, 8), is_discrete=True, action_dim=2)
+    env = EnvSpec(num_envs=2, obs_shape=(3, 8, 8), is_discrete=True, action_dim=2)
     with pytest.raises(EnvError, match=r"at least 36x36.*resize"):
         PPO(make_config("ppo", "jaderl/CartPole-v1"), env, torch.device("cpu"))

@@ -80,8 +80,9 @@ def test_ctrl_c_during_an_update_checkpoints_the_finished_update(tmp_path: Path,
     result = jaderl.train("ppo", ENV, run_dir=str(tmp_path / "run"), **tiny_ppo())
     assert (result.stop_reason, result.steps) == ("interrupted", 384)
     saved = load_checkpoint(tmp_path / "run")
-    assert saved["agent"]["steps"] == 384
-    assert after and all(torch.equal(saved["agent"]["actor"][k], v) for k, v in after.items())  # updated actor
+    assert saved["agent"]["counters"]["steps"] == 384
+    actor = saved["agent"]["networks"]["actor"]
+    assert after and all(torch.equal(actor[k], v) for k, v in after.items())  # the updated actor
 
 
 def test_ctrl_c_while_a_trajectory_is_stored_checkpoints_all_of_it(tmp_path: Path,
@@ -117,7 +118,7 @@ def test_a_second_ctrl_c_during_an_update_keeps_the_last_checkpoint(tmp_path: Pa
     monkeypatch.setattr(PPO, "update", update_with_two_ctrl_c)
     with pytest.raises(ForcedInterrupt):
         jaderl.train("ppo", ENV, run_dir=str(tmp_path / "run"), **tiny_ppo())
-    assert load_checkpoint(tmp_path / "run")["agent"]["steps"] == 256  # the checkpoint before the cut step
+    assert load_checkpoint(tmp_path / "run")["agent"]["counters"]["steps"] == 256  # the checkpoint before the cut step
     monkeypatch.setattr(PPO, "update", update)
     jaderl.resume(tmp_path / "run")  # and the run goes on from it
-    assert load_checkpoint(tmp_path / "run")["agent"]["steps"] == 512
+    assert load_checkpoint(tmp_path / "run")["agent"]["counters"]["steps"] == 512

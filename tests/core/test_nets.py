@@ -7,17 +7,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from jaderl.accel import Tanh
-from jaderl.core.nets import (
-    CategoricalActor,
-    EnsembleLinear,
-    EnsembleQ,
-    GaussianActor,
-    ObsNorm,
-    QNet,
-    TanhGaussianActor,
-    mlp,
-)
+from jaderl.algos.nets import CategoricalActor, EnsembleLinear, EnsembleQ, GaussianActor, QNet, TanhGaussianActor
+from jaderl.core.nets import ObsNorm, Tanh, mlp
 
 
 def test_mlp_layout() -> None:

@@ -21,7 +21,7 @@ from jaderl.core import loop
 from jaderl.core.checkpoint import CHECKPOINT_JSON, load_checkpoint, save_tensors
 from jaderl.core.config import ConfigError
 from jaderl.core.evaluator import BEST_POLICY, Evaluator
-from jaderl.core.loop import TrainingError, new_counters, prepare_run_dir, save_state
+from jaderl.core.loop import Trainer, TrainingError, prepare_run_dir
 from jaderl.envs import make_env
 from jaderl.envs.classic import PendulumEnv
 from jaderl.envs.vec import EnvError
@@ -74,7 +74,8 @@ def test_a_run_directory_that_is_a_file_or_holds_other_files_is_refused(tmp_path
 
 @pytest.mark.parametrize(("settings", "match"), [
     ({"hidden": [16, 16]}, r"^hidden=\[16, 16\] cannot change when resuming .*a resume may change only total_steps"),
-    ({"lr": 0.1}, r"^lr=0.1 cannot change when resuming"),  # it lives in the optimizer's state
+    ({"normalize_advantages": False}, r"^normalize_advantages=False cannot change when resuming"),
+    ({"lr": 0.5}, r"^lr=0.5 is out of range: it must be a number in \[1e-06, 0.1\]"),  # mutable, within its range
     ({"minibatch_size": 32}, r"^minibatch_size=32 cannot change"),
     ({"run_dir": "elsewhere"}, r"^run_dir='elsewhere' cannot be given when resuming"),
     ({}, r"already reached its budget \(total_steps=512\) at step 512; resume with a larger --total-steps"),
@@ -96,12 +97,13 @@ def test_resume_may_change_budgets_cadence_and_unchanged_settings(run_dir: Path,
 
 def test_a_diverged_agent_never_replaces_the_last_checkpoint(run_dir: Path) -> None:
     before = _snapshot(run_dir)
-    agent = jaderl.load(run_dir, best=False)
-    with torch.no_grad():
-        next(agent.critic.parameters())[0, 0] = math.nan
-    with pytest.raises(TrainingError, match=r"^the agent's parameters became NaN or infinite by step 512; lower the "
-                                            r"learning rate"):
-        save_state(run_dir, agent.config, new_counters(agent.config), agent, agent.make_buffer())
+    config = jaderl.load(run_dir, best=False).config.replace(run_dir=str(run_dir))
+    with Trainer(config, ALGOS[config.algo].agent_cls, resume=True) as trainer:
+        with torch.no_grad():
+            next(trainer.agent.critic.parameters())[0, 0] = math.nan
+        with pytest.raises(TrainingError, match=r"^the agent's parameters became NaN or infinite by step 512; lower "
+                                                r"the learning rate"):
+            trainer.checkpoint()
     assert _snapshot(run_dir) == before
 
 
@@ -120,7 +122,8 @@ def test_a_damaged_checkpoint_is_one_sentence(run_dir: Path) -> None:
     tensor_file = next(run_dir.glob("ckpt-*.safetensors"))
     tensor_file.write_bytes(tensor_file.read_bytes()[:100])
     with pytest.raises(FileNotFoundError, match="holds no readable checkpoint"):
-        jaderl.load(run_dir)
+        jaderl.load(run_dir, best=False)
+    assert jaderl.load(run_dir).steps == 512  # the best policy is intact: evaluating it needs no tensor file
     (run_dir / CHECKPOINT_JSON).write_text('{"state": {"config": {"algo": "ppo"}, "counters": {"time_s": 1}, '
                                            '"agent": {"steps": 5}}}')
     with pytest.raises(ConfigError, match="holds no readable checkpoint"):
@@ -134,7 +137,8 @@ def test_loading_an_agent_reads_no_replay_buffer(tmp_path: Path) -> None:
     agent_only = load_checkpoint(tmp_path / "run", part="agent")
     assert full["buffer"][0]["obs"].shape[0] == 300
     assert agent_only.keys() == full["agent"].keys()
-    assert all(torch.equal(agent_only["q_net"][k], v) for k, v in full["agent"]["q_net"].items())
+    q_net = full["agent"]["networks"]["q_net"]
+    assert all(torch.equal(agent_only["networks"]["q_net"][k], v) for k, v in q_net.items())
 
 
 # --- evaluations and the best policy ---
@@ -167,9 +171,12 @@ def test_resume_keeps_a_newer_best_policy_and_skips_a_cut_metrics_line(run_dir: 
     with open(run_dir / "metrics.csv", "a") as f:
         f.write("45")  # ... and a line cut short
     env = make_env(ENV, 1, "cpu")
-    evaluator = Evaluator(env, run_dir, seed=4, resume_step=256)
-    try:
+    evaluator = Evaluator(env, run_dir, seed=4)
+    try:  # the state of a checkpoint at step 256: its rows replace the file's
+        evaluator.load_state_dict({"rows": [r for r in load_checkpoint(run_dir)["evaluator"]["rows"]
+                                            if r["step"] <= 256]})
         assert [int(r["step"]) for r in evaluator.rows] == [256]
+        assert len((run_dir / "metrics.csv").read_text().splitlines()) == 2  # the header and step 256
         assert evaluator.best_return == 1000.0  # a worse later policy does not overwrite the best file
     finally:
         evaluator.close()
@@ -218,7 +225,7 @@ def test_a_resumed_gymnasium_run_is_reproducible(tmp_path: Path) -> None:
         jaderl.resume(tmp_path / copy, total_steps=400)
     a, b = load_checkpoint(tmp_path / "a"), load_checkpoint(tmp_path / "b")
     assert torch.equal(a["buffer"][0]["obs"], b["buffer"][0]["obs"])
-    assert all(torch.equal(v, b["agent"]["q_net"][k]) for k, v in a["agent"]["q_net"].items())
+    assert all(torch.equal(v, b["agent"]["networks"]["q_net"][k]) for k, v in a["agent"]["networks"]["q_net"].items())
 
 
 def test_a_resumed_torch_env_run_continues_its_random_stream(tmp_path: Path, tiny_ppo: Settings,
@@ -247,7 +254,10 @@ def test_tensorboard_hides_what_a_resume_redoes(run_dir: Path) -> None:
     from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 
     first = set((run_dir / "tb").iterdir())
-    Evaluator(make_env(ENV, 1, "cpu"), run_dir, seed=4, resume_step=256).close()
+    evaluator = Evaluator(make_env(ENV, 1, "cpu"), run_dir, seed=4)
+    evaluator.load_state_dict({"rows": [r for r in load_checkpoint(run_dir)["evaluator"]["rows"] if r["step"] <= 256]})
+    evaluator.evaluate(jaderl.load(run_dir), 384, 1.0, {})
+    evaluator.close()
     (new,) = set((run_dir / "tb").iterdir()) - first
     starts = [e.step for e in EventFileLoader(str(new)).Load() if e.HasField("session_log")]
     assert starts == [257]  # TensorBoard purges the points at steps >= 257 of the earlier files

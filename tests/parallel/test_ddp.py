@@ -60,7 +60,7 @@ def _cli(argv: list[str]) -> tuple[int, str, str]:
 def _agent_tensors(run_dir: Path) -> tuple[int, list[torch.Tensor]]:
     """The step and every agent tensor of the checkpoint in ``run_dir``."""
     agent = load_checkpoint(run_dir)["agent"]
-    return agent["steps"], [t for k in sorted(agent) for t in _flat(agent[k])]
+    return agent["counters"]["steps"], [t for k in sorted(agent) for t in _flat(agent[k])]
 
 
 def _flat(obj: Any) -> list[torch.Tensor]:
@@ -230,9 +230,9 @@ def test_learners_hold_identical_state(cli_run: tuple[Path, dict[str, Any]]) -> 
     assert _assert_learners_identical(run_dir) == 160  # networks, targets, log_alpha, Adam states, obs_norm, counters
     agent = load_checkpoint(run_dir)["agent"]
     # every observation of both learners went into the one normaliser
-    assert agent["obs_norm"]["count"].item() == pytest.approx(160, abs=1e-3)
+    assert agent["running_stats"]["obs_norm"]["count"].item() == pytest.approx(160, abs=1e-3)
     # warm-up (64 global steps) ends in iteration 17; then 24 iterations x 2 owed gradient steps (2 local env steps)
-    assert agent["critic_updates"] == 48 and agent["log_alpha"].item() != 0.0
+    assert agent["counters"]["critic_updates"] == 48 and agent["networks"]["alpha"]["log_alpha"].item() != 0.0
     # ... while each learner explored its own envs into its own replay buffer, with its own random streams
     main_state, other_state = (load_checkpoint(d) for d in (run_dir, run_dir / "learner-1"))
     main_obs, other_obs = main_state["buffer"][0]["obs"], other_state["buffer"][0]["obs"]
@@ -259,7 +259,7 @@ def test_a_learner_without_a_matching_checkpoint_gets_learner_0s(cli_run: tuple[
     main_state, copied = load_checkpoint(run_dir), load_checkpoint(run_dir / "learner-1")
     assert torch.equal(main_state["buffer"][0]["obs"], copied["buffer"][0]["obs"])  # learner 0's replay data
     assert not torch.equal(main_state["rng"]["torch"], copied["rng"]["torch"])  # but its own random streams
-    assert copied["config"]["seed"] == ddp.SEED_STRIDE and copied["rng"]["env"] is None
+    assert copied["config"]["seed"] == ddp.SEED_STRIDE and copied["env"] is None
 
 
 class FailsOnLearner1(PPO):

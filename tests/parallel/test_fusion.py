@@ -121,15 +121,16 @@ def test_fuse_agents_averages_networks_free_parameters_and_optimizers(sac_agents
             torch.testing.assert_close(after[1][i], expected)
             checked += 1
     assert checked > 20  # actor, critics, targets, obs-norm buffers, log_alpha, three Adams
-    torch.testing.assert_close(sac_agents[0].log_alpha.detach(), _mean_by_hand([b.log_alpha for b in sac_agents]))
+    torch.testing.assert_close(sac_agents[0].alpha.log_alpha.detach(),
+                               _mean_by_hand([b.alpha.log_alpha for b in sac_agents]))
     assert [agent.steps for agent in sac_agents] == steps
 
 
 def test_average_parameters_of_agents_leaves_optimizers_alone(sac_agents: list[SAC]) -> None:
     adam_before = copy.deepcopy(sac_agents[0].critic_optimizer.state_dict()["state"])
-    alpha = _mean_by_hand([agent.log_alpha for agent in sac_agents])
+    alpha = _mean_by_hand([agent.alpha.log_alpha for agent in sac_agents])
     average_parameters(sac_agents)
-    torch.testing.assert_close(sac_agents[1].log_alpha.detach(), alpha)
+    torch.testing.assert_close(sac_agents[1].alpha.log_alpha.detach(), alpha)
     for p, q in zip(sac_agents[0].actor.parameters(), sac_agents[1].actor.parameters(), strict=True):
         assert torch.equal(p, q)
     assert torch.equal(sac_agents[0].critic_optimizer.state_dict()["state"][0]["exp_avg"], adam_before[0]["exp_avg"])

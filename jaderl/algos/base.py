@@ -1,0 +1,156 @@
+"""What algorithms of one family share: the off-policy base (replay buffer, uniform warm-up, owed gradient steps,
+prioritized and n-step batches) and the on-policy base (a categorical or Gaussian actor, a V critic, one optimizer),
+with their configs."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import ClassVar
+
+import torch
+from torch import nn
+
+from jaderl.algos.nets import CategoricalActor, GaussianActor
+from jaderl.algos.per import PrioritizedReplayBuffer
+from jaderl.core.agent import Agent, Hyperparameter
+from jaderl.core.buffers import Batch, ReplayBuffer
+from jaderl.core.config import Config, ConfigError, param
+from jaderl.core.nets import mlp
+
+
+@dataclasses.dataclass
+class OffPolicyConfig(Config):
+    """Settings every replay-buffer algorithm shares (subclasses change the defaults)."""
+
+    buffer_size: int = param(1_000_000, "replay capacity in transitions", low=1)
+    batch_size: int = param(256, "transitions per gradient step", low=1)
+    warmup_steps: int = param(1_000, "env steps of uniformly random actions before learning starts", low=0)
+    updates_per_step: float = param(1.0, "gradient steps per env step collected (all sub-envs counted)",
+                                    low=0.0, open_low=True)
+    n_step: int = param(1, "n-step returns: rewards summed over up to n steps before bootstrapping", low=1)
+    use_per: bool = param(False, "prioritized experience replay (proportional, on the training device)")
+    per_alpha: float = param(0.6, "PER: priority exponent (0 is uniform)", low=0.0)
+    per_beta: float = param(0.4, "PER: initial importance-sampling exponent, annealed to 1 over total_steps",
+                            low=0.0, high=1.0)
+
+    def validate(self) -> None:
+        super().validate()
+        if self.batch_size > self.buffer_size:
+            raise ConfigError(f"batch_size={self.batch_size} is larger than buffer_size={self.buffer_size}; "
+                              "lower batch_size or raise buffer_size")
+
+
+@dataclasses.dataclass
+class OnPolicyConfig(Config):
+    """Settings every rollout algorithm (PPO, A2C, REINFORCE) shares (subclasses change the defaults)."""
+
+    num_envs: int = param(16, "sub-envs stepped in one batch", low=1)
+    hidden: list[int] = param((64, 64), "hidden layer sizes of the actor and the critic")
+    ent_coef: float = param(0.0, "entropy bonus weight", low=0.0)
+    vf_coef: float = param(0.5, "value loss weight", low=0.0)
+    max_grad_norm: float = param(0.5, "clip gradient norm to this (0 disables)", low=0.0)
+    normalize_advantages: bool = param(True, "standardise the advantages (per minibatch, or over the rollout)")
+    log_std_init: float = param(-0.5, "initial log standard deviation of the Gaussian policy (continuous actions)")
+
+    def validate(self) -> None:
+        super().validate()
+        if self.normalize_advantages and self.num_envs * self.horizon < 2:
+            raise ConfigError("normalize_advantages=true needs at least 2 transitions per rollout "
+                              f"(num_envs * horizon = {self.num_envs * self.horizon}); collect more or disable it")
+
+
+class OffPolicyAgent(Agent):
+    """Base of replay-buffer algorithms: uniformly random actions for ``warmup_steps``, then ``update`` runs the
+    gradient steps owed to the env steps collected (``updates_per_step``) on uniform or prioritized, one- or n-step
+    batches; subclasses write ``update_once`` (and ``noisy_action`` when exploring is not just ``act``)."""
+
+    config_cls: ClassVar[type[Config]] = OffPolicyConfig
+    on_policy: ClassVar[bool] = False
+    hyperparameters: ClassVar[dict[str, Hyperparameter]] = {**Agent.hyperparameters,
+                                                           "tau": Hyperparameter(1e-4, 1.0, log=True)}
+    config: OffPolicyConfig
+
+    def make_buffer(self) -> ReplayBuffer:
+        cfg = self.config
+        if cfg.use_per:
+            return PrioritizedReplayBuffer(cfg.buffer_size, self.num_envs, self.device, cfg.per_alpha)
+        return ReplayBuffer(cfg.buffer_size, self.num_envs, self.device)
+
+    def explore_action(self, obs: torch.Tensor) -> torch.Tensor:
+        if self.steps < self.config.warmup_steps:
+            return self.random_action(obs.shape[0])
+        return self.noisy_action(obs)
+
+    def random_action(self, num: int) -> torch.Tensor:
+        """Uniformly random actions for ``num`` sub-envs (and every agent): integers, or floats in [-1, 1]."""
+        agents = (self.spec.num_agents,) if self.spec.num_agents > 1 else ()
+        if self.is_discrete:
+            return torch.randint(self.action_dim, (num, *agents), device=self.device)
+        return torch.rand(num, *agents, self.action_dim, device=self.device) * 2 - 1
+
+    def noisy_action(self, obs: torch.Tensor) -> torch.Tensor:
+        """The exploring action after the warm-up: the stochastic policy's sample by default."""
+        return self.act(obs)
+
+    def update(self, buffer: ReplayBuffer) -> dict[str, torch.Tensor]:
+        cfg = self.config
+        if self.steps < cfg.warmup_steps or len(buffer) < cfg.batch_size:
+            return {}
+        stats: dict[str, torch.Tensor] = {}
+        for _ in range(self.owed_updates(cfg.updates_per_step)):
+            if isinstance(buffer, PrioritizedReplayBuffer):
+                beta = cfg.per_beta + (1.0 - cfg.per_beta) * min(1.0, self.steps / cfg.total_steps)
+                batch = buffer.sample(cfg.batch_size, cfg.n_step, cfg.gamma, beta)
+                stats, td_error = self.update_once(batch)
+                buffer.update_priorities(batch["index"], td_error)
+            else:
+                stats, _ = self.update_once(buffer.sample(cfg.batch_size, cfg.n_step, cfg.gamma))
+        return stats
+
+    def update_once(self, batch: Batch) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        """One gradient step on a batch (B, ...); returns named statistics and the TD errors (B,) for PER."""
+        raise NotImplementedError
+
+    @staticmethod
+    def weighted_mean(loss: torch.Tensor, batch: Batch) -> torch.Tensor:
+        """Mean of per-transition losses (B,), importance-weighted when the batch comes from prioritized replay."""
+        return (loss * batch["weight"]).mean() if "weight" in batch else loss.mean()
+
+
+class OnPolicyAgent(Agent):
+    """Base of rollout algorithms (PPO, A2C, REINFORCE): a categorical or Gaussian actor, optionally a V critic,
+    one optimizer."""
+
+    hyperparameters: ClassVar[dict[str, Hyperparameter]] = {**Agent.hyperparameters,
+                                                           "ent_coef": Hyperparameter(0.0, 0.1),
+                                                           "vf_coef": Hyperparameter(0.1, 1.0)}
+
+    def build_actor_critic(self, hidden: list[int], critic: bool, log_std_init: float | None = None) -> None:
+        """Create ``self.actor`` (and ``self.critic`` if asked) and ``self.optimizer``, Adam over both."""
+        actor_cls = CategoricalActor if self.is_discrete else GaussianActor
+        self.actor = actor_cls(self.obs_dim, self.action_dim, hidden).to(self.device)
+        if log_std_init is not None and isinstance(self.actor, GaussianActor):
+            self.actor.log_std.data.fill_(log_std_init)
+        self.critic = mlp([self.obs_dim, *hidden, 1], nn.Tanh, out_gain=1.0).to(self.device) if critic else None
+        params = [*self.encoder_parameters(), *self.actor.parameters()]
+        params += [] if self.critic is None else list(self.critic.parameters())
+        self.optimizer: torch.optim.Optimizer = self.adam(params, lr=self.config.lr, eps=1e-5)
+
+    def networks(self) -> dict[str, nn.Module]:
+        critic = {} if self.critic is None else {"critic": self.critic}
+        return super().networks() | {"actor": self.actor} | critic
+
+    def optimizers(self) -> dict[str, torch.optim.Optimizer]:
+        return {"optimizer": self.optimizer}
+
+    @torch.no_grad()
+    def act(self, obs: torch.Tensor, deterministic: bool = False) -> torch.Tensor:
+        x = self.features(obs)
+        if deterministic:
+            return self.actor(x)
+        action = self.actor.sample(x)
+        return action if self.is_discrete else action.clamp(-1.0, 1.0)
+
+    def explore_action(self, obs: torch.Tensor) -> torch.Tensor:
+        """The unclipped sample: its log-probability is what the update needs (the env clips it to [-1, 1])."""
+        return self.actor.sample(self.features(obs))

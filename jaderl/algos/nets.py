@@ -1,0 +1,205 @@
+"""Networks of the algorithms: policies, critics (twin / ensemble critics as one batched module), Q networks.
+
+Each declares the precision of its layers (:func:`jaderl.core.nets.declare_precision`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from jaderl.core.nets import declare_precision, mlp
+
+
+class CategoricalActor(nn.Module):
+    """Discrete policy: logits from an MLP. Sampling and log-probabilities are written out (no Distribution objects,
+    whose argument checks cost more than the network on small batches)."""
+
+    def __init__(self, obs_dim: int, num_actions: int, hidden: Sequence[int], activation: type[nn.Module] = nn.Tanh):
+        super().__init__()
+        self.net = mlp([obs_dim, *hidden, num_actions], activation, out_gain=0.01)
+
+    def sample(self, obs: torch.Tensor) -> torch.Tensor:
+        """Actions (B,) drawn by the Gumbel-max trick."""
+        logits = self.net(obs)
+        return (logits - torch.rand_like(logits).log_().neg_().log_()).argmax(-1)
+
+    def evaluate(self, obs: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Log-probability (B,) of ``action`` and the policy's entropy (B,)."""
+        log_p = F.log_softmax(self.net(obs), -1)
+        return log_p.gather(-1, action.long().unsqueeze(-1)).squeeze(-1), -(log_p.exp() * log_p).sum(-1)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        """Deterministic action: the most likely one."""
+        return self.net(obs).argmax(-1)
+
+
+class GaussianActor(nn.Module):
+    """Continuous policy N(mean(obs), exp(log_std)) with a state-independent log std (PPO, A2C, REINFORCE, VPG)."""
+
+    def __init__(self, obs_dim: int, action_dim: int, hidden: Sequence[int], activation: type[nn.Module] = nn.Tanh):
+        super().__init__()
+        self.net = mlp([obs_dim, *hidden, action_dim], activation, out_gain=0.01)
+        self.log_std = nn.Parameter(torch.full((action_dim,), -0.5))
+
+    def sample(self, obs: torch.Tensor) -> torch.Tensor:
+        """Unsquashed actions (B, action_dim); the env clips them to [-1, 1]."""
+        mean = self.net(obs)
+        return mean + self.log_std.exp() * torch.randn_like(mean)
+
+    def evaluate(self, obs: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Log-probability (B,) of ``action`` and the policy's entropy (B,)."""
+        mean = self.net(obs)
+        z = (action - mean) * (-self.log_std).exp()
+        log_prob = (-0.5 * z.square() - self.log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
+        entropy = (0.5 + 0.5 * math.log(2 * math.pi) + self.log_std).sum().expand(mean.shape[0])
+        return log_prob, entropy
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.net(obs).clamp(-1.0, 1.0)
+
+
+class TanhGaussianActor(nn.Module):
+    """Squashed Gaussian policy a = tanh(u), u ~ N(mean, std) (SAC); log-probabilities include the tanh Jacobian."""
+
+    def __init__(self, obs_dim: int, action_dim: int, hidden: Sequence[int]) -> None:
+        super().__init__()
+        self.net = mlp([obs_dim, *hidden, 2 * action_dim])
+
+    def sample(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Reparameterised action (B, action_dim) and its log-probability (B,)."""
+        mean, log_std = self.net(obs).chunk(2, -1)
+        log_std, noise = log_std.clamp(-5.0, 2.0), torch.randn_like(mean)
+        u = mean + log_std.exp() * noise
+        # log N(u) - log|d tanh(u)/du| with (u - mean) / std = noise, the Jacobian term written stably as
+        # 2(log 2 - u - softplus(-2u))
+        log_prob = (-0.5 * noise.square() - log_std - (0.5 * math.log(2 * math.pi) + 2.0 * math.log(2.0))
+                    + 2.0 * (u + F.softplus(-2.0 * u))).sum(-1)
+        return torch.tanh(u), log_prob
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.net(obs).chunk(2, -1)[0])
+
+
+class EnsembleLinear(nn.Module):
+    """``num`` independent linear layers applied in one batched matmul: (E, B, in) -> (E, B, out)."""
+
+    def __init__(self, num: int, in_features: int, out_features: int) -> None:
+        super().__init__()
+        bound = 1.0 / math.sqrt(in_features)  # nn.Linear's default init, per member
+        self.weight = nn.Parameter(torch.empty(num, in_features, out_features).uniform_(-bound, bound))
+        self.bias = nn.Parameter(torch.empty(num, 1, out_features).uniform_(-bound, bound))
+
+    def forward(self, x: torch.Tensor, members: int | torch.Tensor | None = None, frozen: bool = False) -> torch.Tensor:
+        """(E, B, out) for inputs (E, B, in); with ``members`` (one index, or a tensor of M indices) only those
+        members' layers (1 or M leading); ``frozen`` lets no gradient reach the weights (it still reaches ``x``)."""
+        weight, bias = (self.weight.detach(), self.bias.detach()) if frozen else (self.weight, self.bias)
+        if isinstance(members, int):
+            weight, bias = weight[members:members + 1], bias[members:members + 1]
+        elif members is not None:
+            weight, bias = weight.index_select(0, members), bias.index_select(0, members)
+        return torch.baddbmm(bias, x, weight)
+
+
+class EnsembleQ(nn.Module):
+    """``num`` critics as one module (twin critics for num=2): Q(s, a) -> (E, B) for continuous actions, or with
+    ``action_dim=0, num_outputs=A`` and no action argument, Q(s, .) -> (E, B, A) for A discrete actions."""
+
+    def __init__(self, obs_dim: int, action_dim: int, hidden: Sequence[int], num: int = 2, num_outputs: int = 1):
+        super().__init__()
+        sizes, self.num = [obs_dim + action_dim, *hidden, num_outputs], num
+        self.layers = nn.ModuleList(EnsembleLinear(num, sizes[i], sizes[i + 1]) for i in range(len(sizes) - 1))
+        declare_precision(self.layers)
+
+    def forward(self, obs: torch.Tensor, action: torch.Tensor | None = None,
+                members: int | torch.Tensor | None = None, frozen: bool = False) -> torch.Tensor:
+        """Every member's values, or only those of ``members`` (one index: leading size 1; a tensor of M indices:
+        M), computing nothing for the others; ``frozen=True`` evaluates the critics as constants (an actor's
+        objective), so no gradient or backward work goes to their weights."""
+        x = obs if action is None else torch.cat([obs, action], -1)
+        num = self.num if members is None else 1 if isinstance(members, int) else members.shape[0]
+        x = x.expand(num, -1, -1)  # (E, B, in): the same input for every member, no copy
+        for i, layer in enumerate(self.layers):
+            x = layer(x, members, frozen)
+            if i < len(self.layers) - 1:
+                x = F.relu(x, inplace=True)  # baddbmm's backward needs its inputs, not its output
+        return x.squeeze(-1) if x.shape[-1] == 1 and action is not None else x
+
+
+class NoisyLinear(nn.Linear):
+    """Linear layer with factorised Gaussian weight noise (Fortunato et al. 2018, https://arxiv.org/abs/1706.10295):
+    W = mu_W + sigma_W * f(eps_out) f(eps_in)^T, b = mu_b + sigma_b * f(eps_out), f(x) = sign(x) sqrt(|x|), with new
+    noise at every noisy forward; ``noise=False`` uses the means (deterministic acting)."""
+
+    def __init__(self, in_features: int, out_features: int, sigma0: float = 0.5) -> None:
+        super().__init__(in_features, out_features)
+        bound = 1.0 / math.sqrt(in_features)
+        nn.init.uniform_(self.weight, -bound, bound)
+        nn.init.uniform_(self.bias, -bound, bound)
+        self.weight_sigma = nn.Parameter(torch.full((out_features, in_features), sigma0 * bound))
+        self.bias_sigma = nn.Parameter(torch.full((out_features,), sigma0 * bound))
+
+    def forward(self, x: torch.Tensor, noise: bool = True) -> torch.Tensor:
+        if not noise:
+            return F.linear(x, self.weight, self.bias)
+        eps = torch.randn(self.in_features + self.out_features, device=x.device)
+        eps = eps.sign() * eps.abs().sqrt()
+        eps_in, eps_out = eps[: self.in_features], eps[self.in_features:]
+        weight = self.weight + self.weight_sigma * torch.outer(eps_out, eps_in)
+        return F.linear(x, weight, self.bias + self.bias_sigma * eps_out)
+
+
+class QNet(nn.Module):
+    """Q(s, .) over discrete actions; ``dueling`` splits it into V(s) + A(s, a) - mean_a A(s, a) (Wang et al. 2016);
+    ``noisy`` makes every layer a :class:`NoisyLinear` (pass ``noise=True`` to sample it)."""
+
+    def __init__(self, obs_dim: int, num_actions: int, hidden: Sequence[int], dueling: bool = False,
+                 noisy: bool = False) -> None:
+        super().__init__()
+        linear = NoisyLinear if noisy else nn.Linear
+        sizes = [obs_dim, *hidden]
+        self.noisy = noisy
+        self.body = nn.ModuleList(linear(sizes[i], sizes[i + 1]) for i in range(len(hidden)))
+        self.advantage = linear(hidden[-1], num_actions)
+        self.value = linear(hidden[-1], 1) if dueling else None
+        declare_precision([*self.body, self.advantage])
+        if self.value is not None:
+            self.value.precision = "float32"
+
+    def forward(self, obs: torch.Tensor, noise: bool = False) -> torch.Tensor:
+        kwargs = {"noise": noise} if self.noisy else {}
+        h = obs
+        for layer in self.body:
+            h = F.relu(layer(h, **kwargs))
+        adv = self.advantage(h, **kwargs)
+        if self.value is None:
+            return adv
+        return self.value(h, **kwargs) + adv - adv.mean(-1, keepdim=True)
+
+
+class EncodedNet(nn.Module):
+    """``head(encoder(obs), **kwargs)``: a network that owns its encoder, so that a copy of it (a target network)
+    gets its own encoder too."""
+
+    def __init__(self, encoder: nn.Module, head: nn.Module) -> None:
+        super().__init__()
+        self.encoder, self.head = encoder, head
+
+    def forward(self, obs: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        return self.head(self.encoder(obs), **kwargs)
+
+
+class Temperature(nn.Module):
+    """SAC's learned entropy coefficient alpha = exp(log_alpha), a module so that it is stated like any network."""
+
+    def __init__(self, init_alpha: float) -> None:
+        super().__init__()
+        self.log_alpha = nn.Parameter(torch.tensor(float(init_alpha)).log())
+
+    def forward(self) -> torch.Tensor:
+        return self.log_alpha.exp()

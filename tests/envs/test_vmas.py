@@ -1,0 +1,163 @@
+"""Tests of jaderl.envs.vmas: VMAS scenarios as batched multi-agent envs (shapes, auto-reset, padding, errors)."""
+
+from __future__ import annotations
+
+import math
+import sys
+
+import pytest
+import torch
+
+pytest.importorskip("vmas")
+
+from jaderl.envs.vec import EnvError
+from jaderl.envs.vmas import VmasVecEnv, make_vmas_env
+
+
+def _random_actions(env: VmasVecEnv, generator: torch.Generator) -> torch.Tensor:
+    if env.is_discrete:
+        return torch.randint(0, env.action_dim, (env.num_envs, env.num_agents), generator=generator)
+    return torch.rand(env.num_envs, env.num_agents, env.action_dim, generator=generator) * 2.4 - 1.2
+
+
+@pytest.mark.parametrize("continuous", [False, True])
+def test_shapes_dtypes_and_spec(continuous: bool) -> None:
+    env = make_vmas_env("vmas/navigation", 3, "cpu", seed=0, continuous=continuous, max_steps=7)
+    spec = env.spec
+    assert (spec.num_envs, spec.num_agents, spec.obs_shape, spec.state_shape, spec.max_steps) == (3, 4, (18,), (72,), 7)
+    assert env.agents == ("agent_0", "agent_1", "agent_2", "agent_3") and spec.teams == ()
+    assert (spec.is_discrete, spec.action_dim) == ((False, 2) if continuous else (True, 9))
+    if continuous:
+        assert spec.action_low == (-1.0, -1.0) and spec.action_high == (1.0, 1.0)
+    assert env.state_dict() is None  # VMAS's scenario state cannot be copied exactly: episodes restart
+    obs = env.reset(seed=1)
+    assert obs.shape == (3, 4, 18) and obs.dtype == torch.float32
+    obs, reward, terminated, truncated, info = env.step(_random_actions(env, torch.Generator().manual_seed(0)))
+    assert obs.shape == info["final_obs"].shape == (3, 4, 18) and obs.dtype == info["final_obs"].dtype == torch.float32
+    assert reward.shape == (3, 4) and reward.dtype == torch.float32
+    assert terminated.shape == truncated.shape == (3,) and terminated.dtype == truncated.dtype == torch.bool
+    assert info["final_state"].shape == env.global_state().shape == (3, 72)
+    # equal-sized agents of one team: the state is the observations side by side, with no padding
+    assert torch.equal(env.global_state(), obs.flatten(1))
+
+
+@pytest.mark.parametrize(("scenario", "continuous"), [("navigation", False), ("balance", True)])
+def test_runs_hundreds_of_steps_with_auto_reset(scenario: str, continuous: bool) -> None:
+    max_steps = 40
+    env = make_vmas_env(scenario, 2, seed=0, continuous=continuous, max_steps=max_steps)
+    generator = torch.Generator().manual_seed(0)
+    obs = env.reset(seed=3)
+    since_reset = torch.zeros(2, dtype=torch.long)
+    truncations = 0
+    for _ in range(200):
+        previous = obs
+        obs, reward, terminated, truncated, info = env.step(_random_actions(env, generator))
+        since_reset += 1
+        done = terminated | truncated
+        assert torch.equal(truncated, since_reset == max_steps)  # VMAS's counter restarts at every reset
+        assert torch.isfinite(obs).all() and torch.isfinite(reward).all()
+        assert torch.equal(obs[~done], info["final_obs"][~done])  # the sub-envs that go on are not reset
+        assert not torch.equal(obs[done], info["final_obs"][done]) or not done.any()
+        assert torch.equal(info["final_state"], info["final_obs"].flatten(1))
+        assert not torch.equal(obs, previous)
+        truncations += int(truncated.sum())
+        since_reset[done] = 0
+    assert truncations >= 2 * (200 // max_steps) - 2  # terminations (balance) may restart a counter early
+
+
+def test_sub_envs_that_finish_alone_reset_alone() -> None:
+    """Sub-envs 1 and 3 terminate at step 3: only they reset (one at a time, with VMAS's reset_at), and their
+    truncation comes ``max_steps`` later than the others'. A twin env, seeded alike and never terminated, shows
+    what every sub-env reached (navigation's physics is deterministic; only resets draw random numbers)."""
+    env = make_vmas_env("navigation", 4, seed=0, max_steps=6)
+    twin = make_vmas_env("navigation", 4, seed=0, max_steps=0)  # no time limit
+    assert torch.equal(env.global_state(), twin.global_state())
+    ends = torch.tensor([False, True, False, True])
+    generator = torch.Generator().manual_seed(1)
+    for step in range(1, 10):
+        if step == 3:
+            env.env.scenario.done = lambda: ends.clone()  # what VMAS asks the scenario after each step
+        action = _random_actions(env, generator)
+        obs, _, terminated, truncated, info = env.step(action)
+        twin_obs, *_ = twin.step(action)
+        if step == 3:
+            env.env.scenario.done = lambda: torch.zeros(4, dtype=torch.bool)
+            assert torch.equal(terminated, ends) and not truncated.any()
+            assert torch.equal(info["final_obs"], twin_obs)  # what they reached, before the reset
+            assert torch.equal(info["final_state"], twin.global_state())
+            assert torch.equal(obs[~ends], twin_obs[~ends]) and not torch.equal(obs[ends], twin_obs[ends])
+            assert torch.equal(env.global_state(), obs.flatten(1))
+        else:
+            assert not terminated.any()
+        expected = {6: ~ends, 9: ends}.get(step, torch.zeros(4, dtype=torch.bool))
+        assert torch.equal(truncated, expected), step
+
+
+def test_agents_of_different_sizes_are_padded_with_a_team_one_hot() -> None:
+    env = make_vmas_env("simple_tag", 2, seed=0)  # 3 adversaries observe 16 values, the agent 14
+    assert env.agents == ("adversary_0", "adversary_1", "adversary_2", "agent_0")
+    assert env.teams == ("adversary", "adversary", "adversary", "agent")
+    assert env.obs_shape == (18,) and env.state_shape == (62,)
+    obs, *_ = env.step(torch.zeros(2, 4, dtype=torch.long))
+    raw = env.global_state()
+    assert torch.equal(obs[:, :3, :16].flatten(1), raw[:, :48]) and torch.equal(obs[:, 3, :14], raw[:, 48:])
+    assert (obs[:, 3, 14:16] == 0).all()
+    assert (obs[:, :3, 16:] == torch.tensor([1.0, 0.0])).all() and (obs[:, 3, 16:] == torch.tensor([0.0, 1.0])).all()
+
+
+def test_tensors_stay_on_the_vmas_device_without_numpy(monkeypatch: pytest.MonkeyPatch) -> None:
+    env = make_vmas_env("simple_reference", 3, seed=0, continuous=True)  # movement in [-1, 1], words in [0, 1]
+    assert env.action_dim == 12 and env.spec.action_low == (-1.0,) * 2 + (0.0,) * 10
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a tensor went through numpy")
+
+    for owner, name in [(torch.Tensor, "numpy"), (torch.Tensor, "__array__"), (torch, "from_numpy")]:
+        monkeypatch.setattr(owner, name, refuse)
+    action = torch.zeros(3, 2, 12)
+    action[:, :, :2] = torch.tensor([-1.5, 0.25])  # clipped to -1
+    obs, reward, terminated, truncated, info = env.step(action)
+    for tensor in (obs, reward, terminated, truncated, info["final_obs"], info["final_state"], env.global_state()):
+        assert tensor.device == env.env.device == env.device
+    for agent in env.env.agents:
+        assert torch.equal(agent.action.u, torch.tensor([[-1.0, 0.25]] * 3) * agent.action.u_multiplier)
+        assert (agent.action.c == 0.5).all()  # 0 in [-1, 1] is the middle of [0, 1]
+    env.reset()
+    env.step(torch.zeros(3, 2, 12))
+
+
+def test_bad_actions_are_refused_in_one_sentence_and_the_env_goes_on() -> None:
+    env = make_vmas_env("balance", 2, seed=0)
+    box = make_vmas_env("balance", 2, seed=0, continuous=True)
+    with pytest.raises(EnvError, match=r"^the env takes discrete actions 0 to 8, got actions from 0 to 9; give the "
+                                       r"agent 9 actions \(the env's action_dim\)$"):
+        env.step(torch.tensor([[0, 9, 1], [0, 0, 0]]))
+    with pytest.raises(EnvError, match=r"^the agent's actions became NaN or infinite"):
+        env.step(torch.tensor([[0.0, math.nan, 1.0], [0.0, 0.0, 0.0]]))
+    with pytest.raises(EnvError, match=r"^the agent's actions became NaN or infinite"):
+        box.step(torch.full((2, 3, 2), math.inf))
+    with pytest.raises(EnvError, match=r"^expected actions of shape \(2, 3\) \(one per agent of each sub-env\), got a "
+                                       r"tensor of shape \(3, 2\)$"):
+        env.step(torch.zeros(3, 2, dtype=torch.long))
+    with pytest.raises(EnvError, match=r"^expected actions of shape \(2, 3, 2\) \(2 values per agent"):
+        box.step(torch.zeros(2, 3))
+    obs, *_ = env.step(torch.zeros(2, 3, dtype=torch.long))
+    assert obs.shape == (2, 3, 16)
+
+
+def test_non_finite_rewards_from_the_scenario_are_reported() -> None:
+    env = make_vmas_env("navigation", 2, seed=0)
+    env.env.scenario.reward = lambda agent: torch.full((2,), math.nan)
+    with pytest.raises(EnvError, match=r"^the env returned a non-finite reward; fix the scenario"):
+        env.step(torch.zeros(2, 4, dtype=torch.long))
+
+
+def test_unknown_scenarios_and_unequal_actions_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(EnvError, match=r"^unknown VMAS scenario 'no_such_scenario'; choose one of: .*navigation"):
+        make_vmas_env("vmas/no_such_scenario", 2)
+    with pytest.raises(EnvError, match=r"^the agents of VMAS scenario 'simple_speaker_listener' have different "
+                                       r"numbers of discrete actions \(\{'speaker_0': 27, 'listener_0': 9\}\)"):
+        make_vmas_env("simple_speaker_listener", 2)
+    monkeypatch.setitem(sys.modules, "vmas", None)  # as if it were not installed
+    with pytest.raises(EnvError, match=r"^VMAS envs need the vmas package: pip install 'jaderl\[vmas\]'$"):
+        make_vmas_env("navigation", 2)
