@@ -16,7 +16,8 @@ from typing import Any
 import torch
 
 from jaderl.accel import mixed_precision
-from jaderl.algos import ALGOS
+from jaderl.algos import ALGOS as SINGLE_AGENT_ALGOS
+from jaderl.algos import AlgoSpec
 from jaderl.core.agent import Agent
 from jaderl.core.checkpoint import CHECKPOINT_JSON, finite_or_raise, load_checkpoint
 from jaderl.core.config import Config, ConfigError
@@ -26,8 +27,12 @@ from jaderl.core.loop import train as train_loop
 from jaderl.envs import EnvError, make_env
 from jaderl.envs.atari import is_atari_id
 from jaderl.envs.stock import with_absolute_csv
+from jaderl.marl import MARL_ALGOS
 
 Progress = Callable[[dict[str, Any]], None]
+
+ALGOS: dict[str, AlgoSpec] = {**SINGLE_AGENT_ALGOS, **MARL_ALGOS}
+"""Every registered algorithm, single- and multi-agent, by name."""
 
 
 def make_config(algo: str, env: str, **settings: Any) -> Config:
@@ -211,17 +216,11 @@ def _load_config(run_dir: Path, meta: dict[str, Any] | None) -> Config:
 
 def _load_counters(agent: Agent, saved: dict[str, Any]) -> None:
     """Set ``agent``'s counters (its steps) from the JSON of its checkpoint: plain numbers, no tensor file read."""
-    saved = saved.get("counters", saved)
-    if not isinstance(saved, dict):
-        return
-    numbers = {k: v for k, v in saved.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-    counters = agent.counters
-    if callable(counters):  # counters() -> {name: value}, load_counters(values)
-        current = counters()
-        agent.load_counters({**current, **{k: v for k, v in numbers.items() if k in current}})
-    else:  # a tuple of attribute names
-        for name in set(counters) & set(numbers):
-            setattr(agent, name, numbers[name])
+    saved = saved.get("counters")
+    if isinstance(saved, dict):
+        current = agent.counters()
+        agent.load_counters({**current, **{k: v for k, v in saved.items() if k in current
+                                           and isinstance(v, (int, float)) and not isinstance(v, bool)}})
 
 
 def _load_best_policy(agent: Agent, best_path: Path) -> None:

@@ -104,7 +104,9 @@ class ProgressPrinter:
             return
         self.last_print, self.last_eval = now, info["eval_return"]
         rate = (info["steps"] - self.start_steps) / max(now - self.start, 1e-9)
-        line = (f"steps {info['steps']:>10,} | {rate:>10,.0f} steps/s | eval {info['eval_return']:9.2f} "
+        # an evaluator process finishes an evaluation after training went on: say which step it evaluated
+        at = f" at step {info['eval_step']:,}" if info.get("eval_step") not in (None, info["steps"]) else ""
+        line = (f"steps {info['steps']:>10,} | {rate:>10,.0f} steps/s | eval {info['eval_return']:9.2f}{at} "
                 f"(best {info['best_eval_return']:9.2f}) | {info['time_s']:7.1f} s")
         if self.live:
             print(f"\r{line}", end="\n" if info["done"] else "", file=sys.stderr, flush=True)
@@ -159,12 +161,12 @@ def main(argv: list[str] | None = None) -> int:
             result = backtest(api.load(args.run_dir, device=args.device))
             print(json.dumps(result.to_dict()) if args.json else result.format())
         elif args.command == "algos":
-            from jaderl.algos import ALGOS, action_spaces
+            from jaderl.algos import action_spaces
 
-            for name, spec in ALGOS.items():
+            for name, spec in api.ALGOS.items():
                 cls = spec.agent_cls
                 spaces = "/".join(action_spaces(cls))
-                print(f"{name:<12} {spaces:<20} {spec.summary}")
+                print(f"{name:<12} {spaces:<34} {spec.summary}")
         elif args.command == "envs":
             from jaderl.envs import TORCH_ENVS
 

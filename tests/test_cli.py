@@ -8,11 +8,13 @@ import io
 import json
 import math
 import os
+import queue
 import re
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -403,18 +405,35 @@ def test_ctrl_c_after_the_final_checkpoint_exits_130(tmp_path: Path) -> None:
             "--set", "hidden=[16]", "--set", "horizon=32", "--set", "minibatch_size=64", "--set", "num_epochs=1",
             "--json"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "jaderl.cli", *argv], cwd=tmp_path, env=env,
+    # `python -m jaderl.cli`, with Ctrl-C raising KeyboardInterrupt even where this test runs with SIGINT ignored
+    # (a background job of a script), which a child would inherit
+    start = ("import runpy, signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
+             "runpy.run_module('jaderl.cli', run_name='__main__', alter_sys=True)")
+    proc = subprocess.Popen([sys.executable, "-c", start, *argv], cwd=tmp_path, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stderr is not None
+    lines: queue.Queue[str] = queue.Queue()
+
+    def read_stderr(stream: Any) -> None:
+        for line in stream:
+            lines.put(line)
+
+    reader = threading.Thread(target=read_stderr, args=(proc.stderr,), daemon=True)
+    reader.start()
     try:
-        assert proc.stderr is not None
-        first = proc.stderr.readline()  # the first progress line: the first evaluation is done
-        assert first.startswith("steps "), first + proc.stderr.read()
+        first = lines.get(timeout=120)  # the first progress line: the first evaluation is done
+        assert first.startswith("steps "), first
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=60)
+        proc.wait(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
-            proc.communicate()
+            proc.wait()
+        out = proc.stdout.read()  # one line: the pipe never fills
+        proc.stdout.close()
+        reader.join(timeout=10)
+        proc.stderr.close()
+    err = "".join(lines.queue)
     assert proc.returncode == 130, err
     assert "Traceback" not in err and "error" not in err, err
     report = json.loads(out.splitlines()[-1])

@@ -49,10 +49,15 @@ ALGOS: dict[str, AlgoSpec] = {
 }
 
 def action_spaces(agent_cls: type[Agent]) -> tuple[str, ...]:
-    """The single-agent action spaces ``agent_cls`` trains on ("discrete", "continuous"), as its ``accepts`` says."""
-    probes = {kind: EnvSpec(num_envs=1, obs_shape=(3,), is_discrete=kind == "discrete", action_dim=2)
-              for kind in ("discrete", "continuous")}
-    return tuple(kind for kind, spec in probes.items() if agent_cls.accepts(spec) is None)
+    """The action spaces ``agent_cls`` trains on, as its ``accepts`` says: "discrete", "continuous", or for a
+    multi-agent algorithm "multi-agent discrete", "multi-agent continuous"."""
+    found: tuple[str, ...] = ()
+    for agents, prefix in ((1, ""), (3, "multi-agent ")):
+        probes = {kind: EnvSpec(num_envs=1, obs_shape=(3,), is_discrete=kind == "discrete", action_dim=2,
+                                num_agents=agents, state_shape=(9,) if agents > 1 else None)
+                  for kind in ("discrete", "continuous")}
+        found += tuple(prefix + kind for kind, spec in probes.items() if agent_cls.accepts(spec) is None)
+    return found
 
 
 __all__ = ["ALGOS", "DQN", "PPO", "SAC", "AlgoSpec", "DQNConfig", "PPOConfig", "SACConfig", "action_spaces"]

@@ -96,7 +96,8 @@ class SAC(WithHTerm, OffPolicyAgent):
         self.target_entropy = -float(self.action_dim)
         self.critic_updates = 0
         self._actor_updates = torch.zeros((), dtype=torch.float64, device=device)  # on the device: ModSAC adds a bool
-        self._actor_stats = torch.zeros(2, device=device)  # the latest actor step's loss and entropy
+        zero = torch.zeros((), device=device)
+        self._actor_stats = {"loss/actor": zero, "policy/entropy": zero}  # the latest actor step's
         # ModSAC's running critic loss c, from sqrt(ln 2): lambda = 1/2 until the critics' loss is known; and the value
         # the current update() call uses
         self._critic_loss_ema = torch.full((), math.sqrt(math.log(2.0)), device=device)
@@ -194,8 +195,7 @@ class SAC(WithHTerm, OffPolicyAgent):
             self._critic_loss_ema.lerp_(critic_loss.detach() / cfg.num_critics, 0.005)
         if self.critic_updates % cfg.actor_every == 0:  # a host-side count: no sync
             self.actor_step(obs, alpha)
-        stats = {"loss/critic": critic_loss.detach(), "alpha": alpha, "loss/actor": self._actor_stats[0],
-                 "policy/entropy": self._actor_stats[1]}
+        stats = {"loss/critic": critic_loss.detach(), "alpha": alpha, **self._actor_stats}
         return stats, td_error.abs().mean(0)
 
     def actor_step(self, obs: torch.Tensor, alpha: torch.Tensor) -> None:
@@ -213,14 +213,14 @@ class SAC(WithHTerm, OffPolicyAgent):
         # 3. entropy coefficient
         alpha_loss = -(self.alpha.log_alpha * (log_prob + self.target_entropy)).mean()
         self.optimize(self.alpha_optimizer, alpha_loss)
-        actor_stats = torch.stack([actor_loss.detach(), -log_prob.mean()])
+        actor_stats = {"loss/actor": actor_loss.detach(), "policy/entropy": -log_prob.mean()}
         if due is None:
             self._actor_updates += 1
             self._actor_stats = actor_stats
         else:  # undo the actor and alpha steps that ModSAC's schedule did not call for
             self._restore_where_not(due, saved)
             self._actor_updates += due
-            self._actor_stats = torch.where(due, actor_stats, self._actor_stats)
+            self._actor_stats = {k: torch.where(due, v, self._actor_stats[k]) for k, v in actor_stats.items()}
 
     def _actor_tensors(self) -> list[torch.Tensor]:
         """The actor's and alpha's parameters and their optimizers' state tensors (created if not yet stepped)."""

@@ -207,28 +207,32 @@ class Agent:
 
     @torch.no_grad()
     def explore(self, env: VecEnv, horizon: int) -> Batch:
-        """Step ``env`` for ``horizon`` steps; returns obs, action, reward, terminated, truncated, next_obs (T, N, ...).
+        """Step ``env`` for ``horizon`` steps; returns obs, action, reward, terminated, truncated, next_obs (T, N, ...),
+        and state, next_state when the env has a global state (several agents).
 
-        ``next_obs`` is the observation reached before any auto-reset, so truncated steps can be bootstrapped.
-        Rewards are clipped to their sign (``config.clip_rewards``), then multiplied by ``config.reward_scale``;
-        episode statistics use the raw rewards.
+        ``next_obs`` (``next_state``) is what was reached before any auto-reset, so truncated steps can be
+        bootstrapped. Rewards are clipped to their sign (``config.clip_rewards``), then multiplied by
+        ``config.reward_scale``; episode statistics use the raw rewards.
         """
         if self.last_obs is None:  # a fresh env, or one whose episodes could not be carried over: reseed from steps
             self.last_obs = env.reset(seed=self.config.seed + self.steps)
+        keys = ["obs", "action", "reward", "terminated", "truncated", "next_obs"]
+        keys += ["state", "next_state"] if self.spec.state_shape else []
         steps: list[tuple[torch.Tensor, ...]] = []
         for _ in range(horizon):
-            obs = self.last_obs
+            obs, state = self.last_obs, (env.global_state(),) if self.spec.state_shape else ()
             action = self.explore_action(obs)
             self.last_obs, reward, terminated, truncated, info = env.step(action)
-            steps.append((obs, action, reward, terminated, truncated, info["final_obs"]))
+            final = (info["final_state"],) if state else ()
+            steps.append((obs, action, reward, terminated, truncated, info["final_obs"], *state, *final))
             self.episodes.track(reward, terminated | truncated)
-        obs, action, reward, terminated, truncated, next_obs = (torch.stack(x) for x in zip(*steps, strict=True))
+        traj = dict(zip(keys, (torch.stack(x) for x in zip(*steps, strict=True)), strict=True))
         self.steps += horizon * self.num_envs
         if not self.on_policy:  # on-policy agents update it after learning, so old log-probs stay exact
-            self.obs_norm.update(obs)
-        reward = (reward.sign() if self.config.clip_rewards else reward) * self.config.reward_scale
-        return {"obs": obs, "action": action, "reward": reward,
-                "terminated": terminated, "truncated": truncated, "next_obs": next_obs}
+            self.obs_norm.update(traj["obs"])
+        traj["reward"] = (traj["reward"].sign() if self.config.clip_rewards else traj["reward"]) \
+            * self.config.reward_scale
+        return traj
 
     def update(self, buffer: Any) -> dict[str, torch.Tensor]:
         """Learn from ``buffer``; returns named statistics such as ``loss/critic`` as 0-d tensors."""

@@ -14,6 +14,7 @@ from safetensors import SafetensorError, safe_open
 
 from jaderl.core.checkpoint import save_tensors
 from jaderl.envs.vec import VecEnv
+from jaderl.plots import plot_learning_curve
 
 if TYPE_CHECKING:
     from jaderl.core.agent import Agent
@@ -54,6 +55,9 @@ class Evaluator:
     def __init__(self, env: VecEnv, run_dir: Path, seed: int) -> None:
         self.env, self.run_dir, self.seed = env, run_dir, seed
         self.csv_path = run_dir / "metrics.csv"
+        self.teams = {team: [i for i, t in enumerate(env.teams) if t == team] for team in dict.fromkeys(env.teams)}
+        multi = ["eval_return_per_agent", *(f"eval_return_{team}" for team in self.teams)] if env.num_agents > 1 else []
+        self.columns = METRICS_COLUMNS + multi  # several agents: the team's return, and per agent and per team
         self.pending_step: int | None = None
         self.result: float | None = None
         self.tb: Any = None  # opened at the first evaluation, purging what a loaded state dropped
@@ -67,7 +71,7 @@ class Evaluator:
         self.rows: list[dict[str, float]] = [dict(row) for row in state["rows"]]
         tmp = self.csv_path.with_name(self.csv_path.name + ".tmp")  # replaced at once: the history is never lost
         with open(tmp, "w", newline="") as f:
-            (writer := csv.DictWriter(f, METRICS_COLUMNS, extrasaction="ignore")).writeheader()
+            (writer := csv.DictWriter(f, self.columns, extrasaction="ignore")).writeheader()
             writer.writerows(self.rows)
         tmp.replace(self.csv_path)
         self.best_return = max((r["eval_return_mean"] for r in self.rows), default=-math.inf)
@@ -101,13 +105,16 @@ class Evaluator:
         row = {"step": step, "time_s": round(time_s, 3), "eval_return_mean": team.mean().item(),
                "eval_return_std": team.std(unbiased=False).item(), "eval_episode_length": lengths.mean().item(),
                "train_episode_return": stats.get("train/episode_return", math.nan)}
+        if returns.dim() > 1:
+            row["eval_return_per_agent"] = returns.mean().item()
+            row |= {f"eval_return_{team}": returns[:, idx].sum(-1).mean().item() for team, idx in self.teams.items()}
         self.rows.append(row)
         with open(self.csv_path, "a", newline="") as f:
-            csv.DictWriter(f, METRICS_COLUMNS, extrasaction="ignore").writerow(row)
+            csv.DictWriter(f, self.columns, extrasaction="ignore").writerow(row)
         if self.tb is None:
             self.tb = SummaryWriter(str(self.run_dir / "tb"), purge_step=self.purge_step)
-        for key, value in {**stats, "eval/return_mean": row["eval_return_mean"],
-                           "eval/return_std": row["eval_return_std"]}.items():
+        for key, value in {**stats, **{f"eval/{k.removeprefix('eval_')}": v for k, v in row.items()
+                                       if k.startswith("eval_return")}}.items():
             self.tb.add_scalar(key, value, step)
         self.tb.flush()
         if row["eval_return_mean"] > self.best_return:
@@ -120,23 +127,7 @@ class Evaluator:
 
     def plot(self) -> None:
         """Redraw learning_curve.png: evaluation mean +- std against env steps."""
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        steps = [r["step"] for r in self.rows]
-        mean = torch.tensor([r["eval_return_mean"] for r in self.rows])
-        std = torch.tensor([r["eval_return_std"] for r in self.rows])
-        fig, ax = plt.subplots(figsize=(6, 4))
-        ax.plot(steps, mean, label="evaluation return (mean)")
-        ax.fill_between(steps, mean - std, mean + std, alpha=0.25, label="+- std")
-        ax.set(xlabel="env steps", ylabel="episode return", title=self.run_dir.name)
-        ax.legend(loc="lower right")
-        ax.grid(alpha=0.3)
-        fig.tight_layout()
-        fig.savefig(self.run_dir / "learning_curve.png", dpi=100)
-        plt.close(fig)
+        plot_learning_curve(self.rows, self.run_dir / "learning_curve.png", self.run_dir.name)
         self.last_plot = time.perf_counter()
 
     def close(self) -> None:

@@ -246,7 +246,9 @@ class Trainer:
                         * self.config.checkpoint_every
                     self.checkpoint()
                 if self.progress is not None:
+                    rows = self.evaluator.rows if self.evaluator is not None else []  # the evaluation's own step
                     self.progress({"steps": self.agent.steps, "time_s": self.time_s, "eval_return": self.last_eval,
+                                   "eval_step": rows[-1]["step"] if rows else None,
                                    "best_eval_return": self.best_return, "done": bool(reason)})
         except ForcedInterrupt:  # a second Ctrl-C cut a step short: its state is not saved
             raise

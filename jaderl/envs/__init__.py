@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from jaderl.envs.atari import is_atari_id, make_atari_env
@@ -18,6 +20,22 @@ TORCH_ENVS: dict[str, type[VecEnv]] = {**_CLASSIC_ENVS, **MORE_TORCH_ENVS, **CHA
 __all__ = ["TORCH_ENVS", "EnvError", "EnvSpec", "GymnasiumVecEnv", "VecEnv", "make_env"]
 
 
+def _options(name: str, query: str) -> dict[str, bool | int | float | str]:
+    """``key=value&...`` of an env id as constructor options: true/false, integers and floats read as such."""
+    options: dict[str, bool | int | float | str] = {}
+    for item in filter(None, query.split("&")):
+        key, sep, text = item.partition("=")
+        if not sep or not key:
+            raise EnvError(f"env option {item!r} in {name!r} is malformed: write KEY=VALUE, e.g. ?continuous=true")
+        value: bool | int | float | str = {"true": True, "false": False}.get(text.lower(), text)
+        for kind in (int, float):
+            if isinstance(value, str):
+                with contextlib.suppress(ValueError):
+                    value = kind(text)
+        options[key] = value
+    return options
+
+
 def make_env(name: str, num_envs: int, device: torch.device | str = "cpu", seed: int | None = None,
              workers: int = 0) -> VecEnv:
     """Build ``num_envs`` copies of env ``name``: a built-in torch env (``jaderl/...``), an Atari game (``ALE/...`` or
@@ -31,8 +49,13 @@ def make_env(name: str, num_envs: int, device: torch.device | str = "cpu", seed:
         return make_atari_env(name, num_envs, device)
     if is_stock_id(name):  # jaderl/StockTrading-v0, with or without ?KEY=VALUE options (jaderl.envs.stock)
         return StockTradingEnv(num_envs=num_envs, device=device, seed=seed, env_id=name)
-    if name in TORCH_ENVS:
-        return TORCH_ENVS[name](num_envs=num_envs, device=device, seed=seed)
+    base, _, query = name.partition("?")  # options: jaderl/simple_spread?continuous=true&num_agents=4
+    if base in TORCH_ENVS:
+        try:
+            return TORCH_ENVS[base](num_envs=num_envs, device=device, seed=seed, **_options(name, query))
+        except TypeError as exc:  # an option the env does not take
+            raise EnvError(f"env {name!r}: {exc}".replace(".__init__()", "")
+                           + "; see the env's docstring for its options") from None
     if name.startswith("vmas/"):  # VMAS scenarios, batched on the device already (pip install 'jaderl[vmas]')
         from jaderl.envs.vmas import make_vmas_env
 

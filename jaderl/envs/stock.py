@@ -567,6 +567,17 @@ class StockTradingEnv(VecEnv):
         return self._observe()
 
     # ------------------------------------------------------------------------------------------ reset / step
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """Dates, cash, holdings, starting values, step counters and the random stream: a copy trades on exactly."""
+        return {"day": self.day, "cash": self.cash, "holdings": self.holdings, "initial_value": self.initial_value,
+                "elapsed_steps": self.elapsed_steps, "generator": self.generator.get_state()}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        self.day, self.cash, self.holdings, self.initial_value = (
+            state[k].to(self.device, copy=True) for k in ("day", "cash", "holdings", "initial_value"))
+        self.elapsed_steps.copy_(state["elapsed_steps"])
+        self.set_rng_state(state["generator"])
+
     def reset(self, seed: int | None = None) -> torch.Tensor:
         """Start a new episode in every replica; ``seed`` re-seeds the generator first. The first ``reset()`` without a
         seed after construction keeps the starts drawn from the constructor's ``seed``."""

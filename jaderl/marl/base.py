@@ -1,0 +1,54 @@
+"""What every multi-agent algorithm shares, mixed in before its family base (``class MAPPO(MultiAgent,
+OnPolicyAgent)``).
+
+The multi-agent contract (:class:`~jaderl.envs.vec.EnvSpec` with ``num_agents > 1``): observations
+``(N, agents, obs_dim)``, a global state ``(N, state_dim)``, actions ``(N, agents)`` (discrete) or
+``(N, agents, action_dim)`` (continuous), rewards ``(N, agents)``. ``explore`` records ``state`` and ``next_state``
+beside the observations, so every trajectory and replay batch carries them.
+
+Agents share their networks' parameters (one actor, one Q network ... for all agents, as in MAPPO, QMIX and the
+benchmarks built on them): :meth:`MultiAgent.features` appends each agent's one-hot id to its observation features,
+so one network can still act differently per agent. Every per-agent network therefore reads ``obs_dim`` inputs
+(the observation plus the id) and works on ``(..., agents, features)`` tensors.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from jaderl.envs.vec import EnvSpec
+
+
+class MultiAgent:
+    """The multi-agent mixin: refuses single-agent envs, gives features the agent id, knows the agent count."""
+
+    spec: EnvSpec
+    obs_dim: int
+
+    def __init__(self, config: Any, spec: Any, device: torch.device) -> None:
+        super().__init__(config, spec, device)  # type: ignore[call-arg]
+        self.num_agents = self.spec.num_agents
+        self.state_dim = int(torch.tensor(self.spec.state_shape or (0,)).prod())
+        self.agent_ids = torch.eye(self.num_agents, device=device)  # (agents, agents)
+        self.obs_dim += self.num_agents  # the networks read the observation features and the id
+
+    @classmethod
+    def accepts(cls, spec: EnvSpec) -> str | None:
+        if spec.num_agents < 2:
+            return "it has a single agent and this is a multi-agent algorithm; use a single-agent one (ppo, sac, dqn)"
+        if spec.state_shape is None:
+            return "it has no global state; wrap it to provide one (global_state())"
+        if len(spec.obs_shape) != 1:
+            return f"its observations have shape {spec.obs_shape}; multi-agent algorithms take vectors"
+        return None
+
+    def features(self, obs: torch.Tensor) -> torch.Tensor:
+        """(..., agents, obs_dim + agents): the (normalised) observation of every agent and its one-hot id."""
+        x = super().features(obs)  # type: ignore[misc]
+        return torch.cat([x, self.agent_ids.expand(*x.shape[:-1], self.num_agents)], -1)
+
+    def team_reward(self, reward: torch.Tensor) -> torch.Tensor:
+        """The team's reward (..., ) from every agent's (..., agents): their sum (the return jaderl reports)."""
+        return reward.sum(-1)

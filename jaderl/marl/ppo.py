@@ -1,0 +1,172 @@
+"""MAPPO and IPPO: PPO with one parameter-shared actor for all agents, and a centralised or a decentralised critic.
+
+MAPPO, Yu et al. 2022, https://arxiv.org/abs/2103.01955; IPPO, de Witt et al. 2020, https://arxiv.org/abs/2011.09533.
+One actor pi(a_i | o_i, i) acts for every agent (its one-hot id is in the input, :class:`~jaderl.marl.base.MultiAgent`)
+and is trained on every agent's samples with PPO's clipped objective
+
+    L = -E_i,t[min(r A, clip(r, 1 - eps, 1 + eps) A)] + vf_coef E[(V - V_target)^2] - ent_coef E[H(pi)],
+
+with r = pi(a_i|o_i) / pi_old(a_i|o_i). The presets differ in the critic and the reward it learns:
+
+* MAPPO (``centralised_critic=True``): one value V(s) per sub-env for the whole team, read from the global state s
+  (simple_spread: every agent's observation concatenated, the paper's "CL" state for MPE), learned from the *team
+  reward* sum_i r_i. This is what the paper's MPE runs do: their env gives every agent the sum of the agents' rewards
+  (``shared_reward``) and every agent's critic reads the same concatenated observations, so the agents' values and
+  advantages are one team value and advantage repeated. Every agent's actor takes the team's advantage.
+* IPPO (``centralised_critic=False``): a value V(o_i, i) per agent from its own observation and id (the same shared
+  network), learned from the agent's *own reward* r_i, and an advantage per agent. On simple_spread r_i is half the
+  shared coverage term plus half agent i's own collision term (see :mod:`jaderl.envs.mpe`), so IPPO's agents
+  cooperate through the shared half.
+
+Advantages are GAE(lambda) over each sub-env's steps (:func:`jaderl.core.buffers.gae`; a truncated episode bootstraps
+from its final state or observation). Value normalisation (the MAPPO paper's ``use_valuenorm``, on by default): the
+critic predicts values in units of a running mean and standard deviation of the value targets (``value_norm``, a
+running statistic: checkpointed, and merged exactly by data-parallel learners); GAE reads the denormalised
+predictions, and the value loss compares the prediction with the normalised target. The statistics are those of every
+target seen (the paper's exponential average with beta = 0.99999 is nearly that), updated once per rollout before its
+epochs. Discrete and continuous actions; the defaults are tuned for ``jaderl/simple_spread``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import ClassVar
+
+import torch
+from torch import nn
+
+from jaderl.algos import AlgoSpec
+from jaderl.algos.base import OnPolicyAgent, OnPolicyConfig
+from jaderl.algos.ppo import PPO, explained_variance
+from jaderl.core.agent import Hyperparameter
+from jaderl.core.buffers import RolloutBuffer, gae
+from jaderl.core.config import ConfigError, param
+from jaderl.core.nets import ObsNorm, mlp
+from jaderl.envs.vec import EnvSpec
+from jaderl.marl.base import MultiAgent
+
+
+@dataclasses.dataclass
+class MAPPOConfig(OnPolicyConfig):
+    """MAPPO / IPPO settings; the defaults are tuned for jaderl/simple_spread (3 agents, 25-step episodes)."""
+
+    num_envs: int = param(256, "sub-envs stepped in one batch", low=1)
+    horizon: int = param(25, "steps each sub-env takes per rollout", low=1)
+    lr: float = param(7e-4, "Adam learning rate of the actor and the critic", low=0.0, open_low=True)
+    gamma: float = param(0.99, "discount factor", low=0.0, high=1.0)
+    hidden: list[int] = param((64, 64), "hidden layer sizes of the actor and the critic")
+    num_epochs: int = param(10, "passes over each rollout", low=1)
+    minibatch_size: int = param(1600, "sub-env steps per gradient step, each with all its agents' samples (each "
+                                "epoch reshuffles the rollout and leaves out its remainder)", low=1)
+    clip_ratio: float = param(0.2, "PPO clipping range of the probability ratio", low=0.0, open_low=True)
+    gae_lambda: float = param(0.95, "GAE lambda", low=0.0, high=1.0)
+    ent_coef: float = param(0.01, "entropy bonus weight", low=0.0)
+    max_grad_norm: float = param(10.0, "clip gradient norm to this (0 disables)", low=0.0)
+    centralised_critic: bool = param(True, "MAPPO: one team value of the global state, learned from the summed "
+                                     "rewards; false is IPPO: a value per agent of its own observation and reward")
+    normalize_values: bool = param(True, "the critic predicts values normalised by a running mean and standard "
+                                   "deviation of the value targets (MAPPO's use_valuenorm)")
+
+    def validate(self) -> None:
+        rollout = self.num_envs * max(1, self.workers) * self.horizon
+        if self.minibatch_size > rollout:
+            raise ConfigError(f"minibatch_size={self.minibatch_size} is larger than a rollout (num_envs * horizon = "
+                              f"{rollout} sub-env steps); lower it or collect more")
+        super().validate()
+
+
+class MAPPO(MultiAgent, OnPolicyAgent):
+    """MAPPO (centralised critic) and IPPO (decentralised critic) with a parameter-shared actor."""
+
+    config_cls = MAPPOConfig
+    compiled_methods = ("act", "explore_action", "minibatch_loss")
+    hyperparameters: ClassVar[dict[str, Hyperparameter]] = {
+        **OnPolicyAgent.hyperparameters, "clip_ratio": PPO.hyperparameters["clip_ratio"],
+        "gae_lambda": PPO.hyperparameters["gae_lambda"]}
+    config: MAPPOConfig
+
+    def __init__(self, config: MAPPOConfig, spec: EnvSpec, device: torch.device) -> None:
+        super().__init__(config, spec, device)
+        self.build_actor_critic(config.hidden, critic=False, log_std_init=config.log_std_init)  # the actor
+        critic_in = self.state_dim if config.centralised_critic else self.obs_dim
+        self.critic = mlp([critic_in, *config.hidden, 1], nn.Tanh, out_gain=1.0).to(device)
+        self.optimizer.add_param_group({"params": list(self.critic.parameters())})
+        # normalise the state like the observations (normalize_obs); values by the targets' running statistics
+        self.state_norm = ObsNorm((self.state_dim,), config.normalize_obs).to(device)
+        self.value_norm = ObsNorm((), config.normalize_values, clip=math.inf).to(device)
+
+    def running_stats(self) -> dict[str, nn.Module | torch.Tensor]:
+        return super().running_stats() | {"state_norm": self.state_norm, "value_norm": self.value_norm}
+
+    def value(self, obs: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+        """The critic's normalised values (..., 1) of the team (MAPPO) or (..., agents) of each agent (IPPO), for
+        observations (..., agents, obs_dim) and states (..., state_dim)."""
+        if self.config.centralised_critic:
+            return self.critic(self.state_norm(state))
+        return self.critic(self.features(obs)).squeeze(-1)
+
+    def denormalize(self, value: torch.Tensor) -> torch.Tensor:
+        norm = self.value_norm
+        return value * (norm.var + 1e-8).sqrt() + norm.mean if norm.enabled else value
+
+    def update(self, buffer: RolloutBuffer) -> dict[str, torch.Tensor]:
+        cfg, data = self.config, buffer.data
+        # 1. old log-probabilities, values and GAE for the whole rollout; K = 1 (team) or agents (per agent)
+        with torch.no_grad():
+            features = self.features(data["obs"])  # (T, N, A, obs_dim)
+            data["log_prob"] = self.actor.evaluate(features.flatten(0, 2), data["action"].flatten(0, 2))[0] \
+                .view(data["reward"].shape)  # (T, N, A)
+            value = self.denormalize(self.value(data["obs"], data["state"]))  # (T, N, K)
+            next_value = self.denormalize(self.value(data["next_obs"], data["next_state"]))
+            reward = self.team_reward(data["reward"]).unsqueeze(-1) if cfg.centralised_critic else data["reward"]
+            terminated, truncated = (data[k].unsqueeze(-1).expand_as(value) for k in ("terminated", "truncated"))
+            data["advantage"], target = gae(reward, value, next_value, terminated, truncated, cfg.gamma,
+                                            cfg.gae_lambda)
+            explained = explained_variance(value, target)
+            self.value_norm.update(target)
+            data["value_target"] = self.value_norm(target)  # in the critic's units
+        batch = {k: data[k].flatten(0, 1) for k in ("obs", "state", "action", "log_prob", "advantage",
+                                                    "value_target")}  # (T * N, ...)
+        size = batch["advantage"].shape[0]
+        # 2. minibatch epochs over sub-env steps, each with all its agents
+        totals: dict[str, torch.Tensor] = {}
+        num_minibatches = 0
+        for _ in range(cfg.num_epochs):
+            perm = torch.randperm(size, device=self.device)
+            for start in range(0, size - cfg.minibatch_size + 1, cfg.minibatch_size):
+                loss, stats = self.minibatch_loss({k: v[perm[start:start + cfg.minibatch_size]]
+                                                   for k, v in batch.items()})
+                self.optimize(self.optimizer, loss)
+                totals = {k: totals[k] + v for k, v in stats.items()} if totals else stats
+                num_minibatches += 1
+        self.obs_norm.update(data["obs"])  # after learning, so the old log-probabilities used the acting statistics
+        self.state_norm.update(data["state"])
+        return {k: v / num_minibatches for k, v in totals.items()} | {"policy/explained_variance": explained}
+
+    def minibatch_loss(self, mb: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The loss L of the module docstring on a minibatch of B sub-env steps, and its named statistics."""
+        cfg = self.config
+        log_prob, entropy = self.actor.evaluate(self.features(mb["obs"]).flatten(0, 1), mb["action"].flatten(0, 1))
+        log_prob = log_prob.view(mb["log_prob"].shape)  # (B, A)
+        log_ratio = log_prob - mb["log_prob"]
+        ratio = log_ratio.exp()
+        adv = mb["advantage"]  # (B, K)
+        if cfg.normalize_advantages:
+            adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+        adv = adv.expand_as(ratio)  # the team's advantage for every agent (MAPPO), or each agent's own (IPPO)
+        policy_loss = -torch.min(ratio * adv, ratio.clamp(1 - cfg.clip_ratio, 1 + cfg.clip_ratio) * adv).mean()
+        value_loss = (self.value(mb["obs"], mb["state"]) - mb["value_target"]).square().mean()
+        loss = policy_loss + cfg.vf_coef * value_loss - cfg.ent_coef * entropy.mean()
+        with torch.no_grad():
+            stats = {"loss/policy": policy_loss.detach(), "loss/value": value_loss.detach(),
+                     "policy/entropy": entropy.mean().detach(), "policy/approx_kl": ((ratio - 1) - log_ratio).mean(),
+                     "policy/clip_fraction": ((ratio - 1).abs() > cfg.clip_ratio).float().mean()}
+        return loss, stats
+
+
+ENTRIES: dict[str, AlgoSpec] = {
+    "mappo": AlgoSpec(MAPPO, {}, "Multi-agent PPO: parameter-shared actor, centralised critic on the global state"),
+    "ippo": AlgoSpec(MAPPO, {"centralised_critic": False},
+                     "Independent PPO: parameter-shared actor, each agent's critic on its own observation"),
+}
