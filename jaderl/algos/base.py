@@ -54,9 +54,15 @@ class OnPolicyConfig(Config):
 
     def validate(self) -> None:
         super().validate()
-        if self.normalize_advantages and self.num_envs * self.horizon < 2:
-            raise ConfigError("normalize_advantages=true needs at least 2 transitions per rollout "
-                              f"(num_envs * horizon = {self.num_envs * self.horizon}); collect more or disable it")
+        count, name = self.advantage_batch()
+        if self.normalize_advantages and count < 2:
+            raise ConfigError(f"normalize_advantages=true needs at least 2 transitions to standardise ({name} = "
+                              f"{count}: a single advantage has no standard deviation); raise {name} or set "
+                              "normalize_advantages=false")
+
+    def advantage_batch(self) -> tuple[int, str]:
+        """How many advantages are standardised together, and the setting that says so."""
+        return self.num_envs * self.horizon, "num_envs * horizon"
 
 
 class OffPolicyAgent(Agent):

@@ -62,19 +62,19 @@ class PPOConfig(OnPolicyConfig, HTermConfig):
                                     "None runs every epoch)", low=0.0, open_low=True)
 
     def validate(self) -> None:
+        super().validate()
         rollout = self.num_envs * max(1, self.workers) * self.horizon  # explorer workers add their rollouts
         if self.minibatch_size > rollout:
             sizes = "num_envs * workers * horizon" if self.workers else "num_envs * horizon"
             raise ConfigError(f"minibatch_size={self.minibatch_size} is larger than a rollout "
                               f"({sizes} = {rollout}); lower it or collect more")
-        if self.normalize_advantages and self.minibatch_size < 2:
-            raise ConfigError("normalize_advantages=true needs minibatch_size >= 2 (a single advantage has no "
-                              "standard deviation); raise minibatch_size or set normalize_advantages=false")
         if self.target_kl is not None and self.learners > 1:
             raise ConfigError(f"target_kl={self.target_kl} cannot be combined with learners={self.learners}: each "
                               "learner would stop at a different minibatch while the others wait for its gradients; "
                               "drop target_kl or use one learner")
-        super().validate()  # after the minibatch checks, which name the setting to change
+
+    def advantage_batch(self) -> tuple[int, str]:
+        return self.minibatch_size, "minibatch_size"  # advantages are standardised per minibatch
 
 
 def explained_variance(value: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

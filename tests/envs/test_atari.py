@@ -98,9 +98,9 @@ def test_pong_smoke_run(algo: str, tmp_path: Path, monkeypatch: pytest.MonkeyPat
     assert (run_dir / "checkpoint.json").exists() and (run_dir / "best_policy.safetensors").exists()
     state = json.loads((run_dir / "checkpoint.json").read_text())["state"]
     if algo == "dqn":
-        assert state["agent"]["num_updates"] > 0  # (2000 - 500) * 0.05 gradient steps after the warm-up
+        assert state["agent"]["counters"]["num_updates"] > 0  # (2000 - 500) * 0.05 gradient steps after the warm-up
     else:
-        assert "encoder" in state["agent"]
+        assert "encoder" in state["agent"]["networks"]
     # gradient steps were taken: the encoder differs from the one the run started with (same seed, same build)
     trained = jaderl.load(run_dir, best=False)
     env = make_atari_env(PONG, 1)

@@ -232,7 +232,8 @@ def test_presets_and_registry() -> None:
     assert (maddpg.num_critics, maddpg.policy_delay, maddpg.target_noise) == (1, 1, 0.0)
     assert (matd3.num_critics, matd3.policy_delay, matd3.target_noise) == (2, 2, 0.2)
     agent = make_agent("maddpg", env_id=SPREAD)
-    assert agent.critic.num == 1 and agent.critic(torch.zeros(5, agent.state_dim), torch.zeros(5, 15)).shape == (1, 5, 3)
+    assert agent.critic.num == 1  # one output per agent:
+    assert agent.critic(torch.zeros(5, agent.state_dim), torch.zeros(5, 3 * 5)).shape == (1, 5, AGENTS)
     assert set(agent.networks()) == {"actor", "critic", "actor_target", "critic_target"}
     assert set(agent.optimizers()) == {"actor", "critic"} and "num_updates" in agent.counters()
     for name in ("lr", "gamma", "tau"):
