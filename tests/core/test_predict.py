@@ -1,0 +1,71 @@
+"""``agent.predict``: a trained agent acts on what a plain Gymnasium env gives and returns what it takes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+import jaderl
+from jaderl.core.evaluator import run_episodes
+from jaderl.envs import make_env
+
+SETTINGS = {"device": "cpu", "total_steps": 256, "eval_every": 256, "eval_episodes": 1, "hidden": [16]}
+
+
+def _episode_return(agent: jaderl.core.agent.Agent, env_id: str, seed: int) -> float:
+    env = gym.make(env_id)
+    obs, _ = env.reset(seed=seed)
+    total, done = 0.0, False
+    while not done:
+        action = agent.predict(obs)  # one numpy observation in, one action of the env's space out
+        assert env.action_space.contains(action)
+        obs, reward, terminated, truncated, _ = env.step(action)
+        total, done = total + float(reward), terminated or truncated
+    env.close()
+    return total
+
+
+@pytest.mark.parametrize(("algo", "env_id", "extra"), [
+    ("ppo", "CartPole-v1", {"num_envs": 4, "horizon": 32, "minibatch_size": 64}),
+    ("sac", "Pendulum-v1", {"warmup_steps": 64, "batch_size": 32}),
+])
+def test_predict_in_a_plain_gymnasium_env_earns_what_jaderl_measures(algo: str, env_id: str, extra: dict,
+                                                                       tmp_path: Path) -> None:
+    jaderl.train(algo, env_id, run_dir=str(tmp_path / "run"), **SETTINGS, **extra)
+    agent = jaderl.load(tmp_path / "run")
+    env = make_env(env_id, 1, "cpu")
+    try:
+        expected, _ = run_episodes(agent, env, seed=7)  # the training env's adapter, the same start
+    finally:
+        env.close()
+    assert _episode_return(agent, env_id, seed=7) == pytest.approx(expected.item(), rel=1e-4, abs=1e-3)
+
+
+def test_predict_takes_single_and_batched_numpy_or_torch_observations(tmp_path: Path) -> None:
+    jaderl.train("sac", "Pendulum-v1", run_dir=str(tmp_path / "run"), warmup_steps=64, batch_size=32, **SETTINGS)
+    agent = jaderl.load(tmp_path / "run")
+    batch = np.random.default_rng(0).uniform(-1, 1, (5, 3)).astype(np.float32)
+    actions = agent.predict(batch)
+    assert actions.shape == (5, 1) and actions.dtype == np.float32
+    assert np.all(np.abs(actions) <= 2.0)  # Pendulum's torque bounds, not [-1, 1]
+    np.testing.assert_array_equal(agent.predict(batch[2]), actions[2])
+    np.testing.assert_array_equal(agent.predict(torch.from_numpy(batch)), actions)
+    raw = agent.act(torch.from_numpy(batch), deterministic=True).numpy()
+    np.testing.assert_allclose(actions, 2.0 * raw, rtol=1e-6)  # rescaled from [-1, 1] to [-2, 2]
+
+
+def test_predict_for_several_agents_takes_and_returns_per_agent_arrays() -> None:
+    from jaderl.api import ALGOS, make_config
+
+    multi = [name for name, spec in ALGOS.items() if spec.agent_cls.accepts(make_env("jaderl/simple_spread", 1).spec)
+             is None]
+    assert multi, "no multi-agent algorithm is registered"
+    env = make_env("jaderl/simple_spread", 2)
+    agent = ALGOS[multi[0]].agent_cls(make_config(multi[0], "jaderl/simple_spread", device="cpu"), env.spec,
+                                       torch.device("cpu"))
+    obs = env.reset(seed=0).numpy()  # (2, 3, 18)
+    assert agent.predict(obs).shape == (2, 3) and agent.predict(obs[0]).shape == (3,)
