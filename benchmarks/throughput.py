@@ -202,7 +202,7 @@ def section_subproc(args: argparse.Namespace) -> None:
 
 ENV_SIZES = (1, 16, 256, 4096, 65536)
 QUICK_ENV_SIZES = (1, 256, 4096)
-SKIPPED_ENVS = ("StockTrading",)
+SKIPPED_ENVS = ("StockTrading", "simple_spread", "simple_tag")  # the multi-agent ones: benchmarks/marl_envs.py
 
 
 def _sync(device: Any) -> None:
