@@ -82,6 +82,17 @@ def build_parser() -> argparse.ArgumentParser:
     backtest.add_argument("run_dir")
     backtest.add_argument("--device", default="cpu")
     backtest.add_argument("--json", action="store_true", help="print the report, with the value on every date, as JSON")
+    export = sub.add_parser("export", help="write the best policy of a run as one ONNX or TorchScript file that "
+                            "maps raw observations to actions (docs/deploy.md)")
+    export.add_argument("run_dir")
+    export.add_argument("--format", required=True, choices=["onnx", "torchscript"])
+    export.add_argument("--out", metavar="FILE", help="the file to write (default: RUN_DIR/policy.onnx or policy.pt)")
+    export.add_argument("--last", action="store_true", help="export the policy of the last checkpoint, not the best")
+    record = sub.add_parser("record", help="write MP4 videos of the best policy of a run acting deterministically")
+    record.add_argument("run_dir")
+    record.add_argument("--episodes", type=whole_number, default=3, help="videos to write, one per episode")
+    record.add_argument("--out", metavar="DIR", help="the directory to write them to (default: RUN_DIR/videos)")
+    record.add_argument("--seed", type=whole_number, default=0, help="episode i starts from reset(seed=SEED + i)")
     sub.add_parser("algos", help="list the algorithms")
     sub.add_parser("envs", help="list the built-in envs")
     return parser
@@ -160,6 +171,17 @@ def main(argv: list[str] | None = None) -> int:
 
             result = backtest(api.load(args.run_dir, device=args.device))
             print(json.dumps(result.to_dict()) if args.json else result.format())
+        elif args.command == "export":
+            from jaderl.integrations.export import FORMATS, export_policy
+
+            agent = api.load(args.run_dir, best=not args.last)
+            print(export_policy(agent, args.format, args.out or os.path.join(args.run_dir, FORMATS[args.format])))
+        elif args.command == "record":
+            from jaderl.integrations.video import record
+
+            agent = api.load(args.run_dir)
+            for path in record(agent, args.out or os.path.join(args.run_dir, "videos"), args.episodes, args.seed):
+                print(path)
         elif args.command == "algos":
             from jaderl.algos import action_spaces
 

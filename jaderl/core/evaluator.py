@@ -61,19 +61,18 @@ class Evaluator:
         self.pending_step: int | None = None
         self.result: float | None = None
         self.tb: Any = None  # opened at the first evaluation, purging what a loaded state dropped
-        self.load_state_dict({"rows": []})
+        self.rows: list[dict[str, float]] = []
+        self.best_return, self.purge_step = -math.inf, None
+        if not self.csv_path.exists():  # a resumed run's file stays as it is until its state is loaded
+            self._write_csv()
         self.last_plot = time.perf_counter()  # short runs draw once, when they close
 
     def state_dict(self) -> dict[str, Any]:
         return {"rows": self.rows}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.rows: list[dict[str, float]] = [dict(row) for row in state["rows"]]
-        tmp = self.csv_path.with_name(self.csv_path.name + ".tmp")  # replaced at once: the history is never lost
-        with open(tmp, "w", newline="") as f:
-            (writer := csv.DictWriter(f, self.columns, extrasaction="ignore")).writeheader()
-            writer.writerows(self.rows)
-        tmp.replace(self.csv_path)
+        self.rows = [dict(row) for row in state["rows"]]
+        self._write_csv()
         self.best_return = max((r["eval_return_mean"] for r in self.rows), default=-math.inf)
         if self.rows and (self.run_dir / BEST_POLICY).exists():  # it may come from after the state was taken
             with (contextlib.suppress(OSError, ValueError, KeyError, TypeError, SafetensorError),
@@ -83,6 +82,13 @@ class Evaluator:
             self.tb.close()
             self.tb = None
         self.purge_step = self.rows[-1]["step"] + 1 if self.rows else None  # TensorBoard hides what came later
+
+    def _write_csv(self) -> None:
+        tmp = self.csv_path.with_name(self.csv_path.name + ".tmp")  # replaced at once: the history is never lost
+        with open(tmp, "w", newline="") as f:
+            (writer := csv.DictWriter(f, self.columns, extrasaction="ignore")).writeheader()
+            writer.writerows(self.rows)
+        tmp.replace(self.csv_path)
 
     def request(self, agent: Agent, step: int, time_s: float, stats: dict[str, float]) -> None:
         """Evaluate ``agent`` (at ``step``, ``time_s`` of training) and log ``stats`` beside the result."""

@@ -67,12 +67,13 @@ class QMIXConfig(OffPolicyConfig):
     warmup_steps: int = param(5_000, "env steps of uniformly random actions before learning starts", low=0)
     updates_per_step: float = param(0.125, "gradient steps per env step collected (all sub-envs counted)",
                                     low=0.0, open_low=True)
+    n_step: int = param(3, "n-step returns: rewards summed over up to n steps before bootstrapping", low=1)
     target_update_every: int = param(1, "gradient steps between target network updates", low=1)
     tau: float = param(0.005, "target update rate: 1 copies the networks, less Polyak-averages them",
                        low=0.0, high=1.0, open_low=True)
     epsilon_start: float = param(1.0, "exploration rate at the start (each agent draws for itself)", low=0.0, high=1.0)
     epsilon_end: float = param(0.05, "exploration rate after the decay", low=0.0, high=1.0)
-    epsilon_decay_steps: int = param(100_000, "env steps over which epsilon decays linearly", low=1)
+    epsilon_decay_steps: int = param(50_000, "env steps over which epsilon decays linearly", low=1)
     double: bool = param(True, "double Q-learning: the online network picks the target actions")
     loss: str = param("huber", "TD loss: huber (bounded gradients) or mse")
     max_grad_norm: float = param(10.0, "clip gradient norm to this (0 disables)", low=0.0)

@@ -271,3 +271,12 @@ def test_device_names_are_checked(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     with pytest.raises(ConfigError, match=r"^device='cuda:3': only 1 GPUs are visible; use a lower index$"):
         loop.resolve_device("cuda:3")
+
+
+def test_a_resume_from_damaged_tensors_loses_no_saved_file(run_dir: Path) -> None:
+    tensor_file = next(run_dir.glob("ckpt-*.safetensors"))
+    tensor_file.write_bytes(tensor_file.read_bytes()[:100])
+    before = _snapshot(run_dir)
+    with pytest.raises(FileNotFoundError, match="holds no readable checkpoint"):
+        jaderl.resume(run_dir, total_steps=1024)
+    assert _snapshot(run_dir) == before  # metrics.csv, config.yaml, the best policy: as they were

@@ -1,0 +1,121 @@
+"""A trained policy as one file that serves without jaderl: ONNX (onnxruntime, TensorRT, any ONNX runtime) or
+TorchScript (libtorch from C++, ``torch.jit.load`` from Python).
+
+The file computes :meth:`Agent.predict <jaderl.core.agent.Agent.predict>` for a batch: raw observations in (float32,
+or uint8 for images; ``(B, *obs_shape)``, or ``(B, agents, *obs_shape)`` for several agents), the deterministic
+action out in the env's own action space (int64 indices for discrete actions; float32 rescaled from [-1, 1] to the
+env's bounds for continuous ones). The observation normaliser, the image encoder and the rescaling are inside the
+graph, and what the policy computes is the agent's own ``act(obs, deterministic=True)``, traced once, not a copy of
+it. The batch size is free (a dynamic axis); docs/deploy.md shows how to serve the file.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import warnings
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from jaderl.core.agent import Agent
+from jaderl.core.config import ConfigError
+
+FORMATS = {"onnx": "policy.onnx", "torchscript": "policy.pt"}
+"""The export formats and the file each is written to in a run directory when no path is given."""
+
+INPUT_NAME, OUTPUT_NAME = "obs", "action"
+"""The names of the ONNX graph's input and output."""
+
+
+class MissingExtra(ConfigError, ImportError):
+    """An optional package that a feature needs is not installed; the message names the extra that installs it."""
+
+
+def require(packages: tuple[str, ...], feature: str, extra: str) -> None:
+    """Raise :class:`MissingExtra` in one sentence unless every one of ``packages`` can be imported."""
+    missing = [name for name in packages if importlib.util.find_spec(name) is None]
+    if missing:
+        raise MissingExtra(f"{feature} needs {' and '.join(missing)}, which is not installed; "
+                           f"pip install 'jaderl[{extra}]'")
+
+
+class DeployedPolicy(nn.Module):
+    """``agent.predict`` for a batch, as a module: ``forward(obs)`` takes raw observations and returns the
+    deterministic actions in the env's action space. The agent's policy modules (:meth:`Agent.policy`) are its
+    submodules, so its parameters and statistics become the graph's weights."""
+
+    def __init__(self, agent: Agent) -> None:
+        super().__init__()
+        self.agent = agent  # a plain attribute: the modules act uses are registered below, by their policy() names
+        self.policy = nn.ModuleDict(agent.policy())
+        self.keep_uint8 = agent.spec.obs_dtype == "uint8"  # images reach the encoder as bytes, as predict does
+        self.rescale = not agent.is_discrete and agent.spec.action_low is not None
+        if self.rescale:
+            low, high = (torch.tensor(b, dtype=torch.float32, device=agent.device)
+                         for b in (agent.spec.action_low, agent.spec.action_high))
+            self.register_buffer("low", low)
+            self.register_buffer("half_range", 0.5 * (high - low))
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        action = self.agent.act(obs if self.keep_uint8 else obs.float(), deterministic=True)
+        if self.rescale:  # [-1, 1] -> [low, high], as predict and the env adapters rescale
+            action = self.low + (action.clamp(-1.0, 1.0) + 1.0) * self.half_range
+        return action
+
+
+def example_observations(agent: Agent, batch: int = 2) -> torch.Tensor:
+    """A batch of observations of the shape and dtype the exported file takes (random values: only the shapes
+    matter to the exporter). A batch of at least 2 keeps the batch axis free."""
+    agents = (agent.spec.num_agents,) if agent.spec.num_agents > 1 else ()
+    shape = (batch, *agents, *agent.obs_shape)
+    generator = torch.Generator().manual_seed(0)
+    if agent.spec.obs_dtype == "uint8":
+        return torch.randint(0, 256, shape, dtype=torch.uint8, generator=generator).to(agent.device)
+    return torch.randn(shape, generator=generator).to(agent.device)
+
+
+def export_policy(agent: Agent, format: str, out: str | Path) -> Path:
+    """Write ``agent``'s deterministic policy to ``out`` as ``format`` (``"onnx"`` or ``"torchscript"``) and return
+    the path. Load the agent on the CPU (``jaderl.load(run_dir)``) for a file that runs anywhere; a TorchScript file
+    keeps the device it was traced on."""
+    if format not in FORMATS:
+        raise ConfigError(f"format={format!r} is not supported; choose one of: {', '.join(FORMATS)}")
+    if format == "onnx":  # torch's ONNX exporter is written in onnxscript
+        require(("onnx", "onnxscript"), "exporting to ONNX", "export")
+    policy = DeployedPolicy(agent).eval()
+    example = example_observations(agent)
+    # one graph for both formats: torch.export runs act once, with a free batch axis, and sees through the custom
+    # autograd functions (the CPU's fast Tanh) that TorchScript cannot save
+    program = torch.export.export(policy, (example,), dynamic_shapes=({0: torch.export.Dim("batch")},))
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if format == "onnx":
+        with _quiet("torch.onnx"), warnings.catch_warnings():  # the exporter's own deprecation notices
+            warnings.simplefilter("ignore", FutureWarning)
+            torch.onnx.export(program, (example,), str(out), input_names=[INPUT_NAME], output_names=[OUTPUT_NAME],
+                              dynamo=True, external_data=False, verbose=False)
+    else:
+        with warnings.catch_warnings():  # the program's shape guard (batch >= 0) becomes a constant: nothing is lost
+            warnings.simplefilter("ignore", torch.jit.TracerWarning)
+            traced = torch.jit.trace(program.module(), (example,))
+        torch.jit.freeze(traced.eval()).save(str(out))  # weights as constants: no gradients, nothing left to train
+    return out
+
+
+class _quiet:
+    """Raise a logger's level to ERROR for a block (the ONNX exporter warns about optional packages it skips)."""
+
+    def __init__(self, name: str) -> None:
+        self.logger = logging.getLogger(name)
+
+    def __enter__(self) -> None:
+        self.level = self.logger.level
+        self.logger.setLevel(logging.ERROR)
+
+    def __exit__(self, *exc: object) -> None:
+        self.logger.setLevel(self.level)
+
+
+__all__ = ["FORMATS", "DeployedPolicy", "MissingExtra", "export_policy"]
