@@ -11,9 +11,11 @@ it. The batch size is free (a dynamic axis); docs/deploy.md shows how to serve t
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import logging
 import warnings
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import torch
@@ -21,6 +23,7 @@ from torch import nn
 
 from jaderl.core.agent import Agent
 from jaderl.core.config import ConfigError
+from jaderl.core.nets import Tanh
 
 FORMATS = {"onnx": "policy.onnx", "torchscript": "policy.pt"}
 """The export formats and the file each is written to in a run directory when no path is given."""
@@ -78,44 +81,59 @@ def example_observations(agent: Agent, batch: int = 2) -> torch.Tensor:
 
 def export_policy(agent: Agent, format: str, out: str | Path) -> Path:
     """Write ``agent``'s deterministic policy to ``out`` as ``format`` (``"onnx"`` or ``"torchscript"``) and return
-    the path. Load the agent on the CPU (``jaderl.load(run_dir)``) for a file that runs anywhere; a TorchScript file
-    keeps the device it was traced on."""
+    the path. ONNX goes through ``torch.export``, TorchScript through ``torch.jit.trace`` (then frozen); both read the
+    agent's own modules. Load the agent on the CPU (``jaderl.load(run_dir)``) for a file that runs anywhere: a
+    TorchScript file keeps the device it was traced on."""
     if format not in FORMATS:
         raise ConfigError(f"format={format!r} is not supported; choose one of: {', '.join(FORMATS)}")
     if format == "onnx":  # torch's ONNX exporter is written in onnxscript
         require(("onnx", "onnxscript"), "exporting to ONNX", "export")
     policy = DeployedPolicy(agent).eval()
     example = example_observations(agent)
-    # one graph for both formats: torch.export runs act once, with a free batch axis, and sees through the custom
-    # autograd functions (the CPU's fast Tanh) that TorchScript cannot save
-    program = torch.export.export(policy, (example,), dynamic_shapes=({0: torch.export.Dim("batch")},))
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     if format == "onnx":
-        with _quiet("torch.onnx"), warnings.catch_warnings():  # the exporter's own deprecation notices
+        program = torch.export.export(policy, (example,), dynamic_shapes=({0: torch.export.Dim("batch")},))
+        with _quiet("torch.onnx"), warnings.catch_warnings():  # the exporter's notices about its own internals
             warnings.simplefilter("ignore", FutureWarning)
             torch.onnx.export(program, (example,), str(out), input_names=[INPUT_NAME], output_names=[OUTPUT_NAME],
                               dynamo=True, external_data=False, verbose=False)
     else:
-        with warnings.catch_warnings():  # the program's shape guard (batch >= 0) becomes a constant: nothing is lost
-            warnings.simplefilter("ignore", torch.jit.TracerWarning)
-            traced = torch.jit.trace(program.module(), (example,))
-        torch.jit.freeze(traced.eval()).save(str(out))  # weights as constants: no gradients, nothing left to train
+        # the tracer records every size it reads from the input (the batch axis stays free); the graph of
+        # torch.export would not do: its sizes are plain numbers by the time the tracer sees them
+        with plain_tanh(agent.policy().values()), warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # PyTorch deprecates TorchScript; still asked for
+            traced = torch.jit.trace(policy, (example,))
+            torch.jit.freeze(traced.eval()).save(str(out))  # weights as constants: no gradients, nothing to train
     return out
 
 
-class _quiet:
-    """Raise a logger's level to ERROR for a block (the ONNX exporter warns about optional packages it skips)."""
+@contextlib.contextmanager
+def plain_tanh(modules: Iterable[nn.Module]) -> Iterator[None]:
+    """Let ``modules`` compute tanh with ``nn.Tanh`` for a block: jaderl's :class:`~jaderl.core.nets.Tanh` (the same
+    function, faster on the CPU) is a custom autograd function, which TorchScript cannot save."""
+    swapped = [(parent, name, child) for module in modules for parent in module.modules()
+               for name, child in parent.named_children() if isinstance(child, Tanh)]
+    for parent, name, _ in swapped:
+        setattr(parent, name, nn.Tanh())
+    try:
+        yield
+    finally:
+        for parent, name, child in swapped:
+            setattr(parent, name, child)
 
-    def __init__(self, name: str) -> None:
-        self.logger = logging.getLogger(name)
 
-    def __enter__(self) -> None:
-        self.level = self.logger.level
-        self.logger.setLevel(logging.ERROR)
-
-    def __exit__(self, *exc: object) -> None:
-        self.logger.setLevel(self.level)
+@contextlib.contextmanager
+def _quiet(name: str) -> Iterator[None]:
+    """Raise the level of logger ``name`` to ERROR for a block (the ONNX exporter warns about optional packages of
+    its own that it skips, such as torchvision)."""
+    logger = logging.getLogger(name)
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 __all__ = ["FORMATS", "DeployedPolicy", "MissingExtra", "export_policy"]

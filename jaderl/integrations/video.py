@@ -19,6 +19,7 @@ chasing, VMAS, PettingZoo) cannot be recorded and say so in one sentence.
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 from collections.abc import Callable, Iterator
@@ -79,9 +80,11 @@ def record(agent: Agent, out: str | Path, episodes: int = 3, seed: int = 0) -> l
     try:
         for episode in range(episodes):
             path = out / f"episode-{episode}.mp4"
-            # macro_block_size=2: even sizes (every env's here) are kept, not scaled to multiples of 16
+            stream = frames(seed + episode)
+            first = next(stream)  # an env that draws nothing says so before a file is opened
+            # macro_block_size=2: even sizes are kept as they are, not scaled up to multiples of 16
             with imageio.get_writer(path, fps=fps, macro_block_size=2, ffmpeg_log_level="error") as writer:
-                for frame in frames(seed + episode):
+                for frame in itertools.chain([first], stream):
                     writer.append_data(frame)
             paths.append(path)
     finally:
@@ -102,7 +105,10 @@ def _scene(agent: Agent) -> tuple[Frames, float, Callable[[], None]]:
         return (lambda seed: _mpe_frames(agent, env, seed)), MPE_FPS, env.close
     env.close()
     if type(env) is GymnasiumVecEnv and not is_atari_id(env_id):
-        gym_env = gym.make(env_id, render_mode="rgb_array")
+        try:
+            gym_env = gym.make(env_id, render_mode="rgb_array")
+        except (TypeError, gym.error.Error):  # an env class that takes no render_mode
+            raise EnvError(f"{env_id} cannot be recorded: it does not render with render_mode='rgb_array'") from None
         return ((lambda seed: _gymnasium_frames(agent, gym_env, seed)), gym_env.metadata.get("render_fps", 30),
                 gym_env.close)
     raise EnvError(f"{env_id} cannot be recorded: videos are drawn for Gymnasium ids, the torch-native "
@@ -110,14 +116,15 @@ def _scene(agent: Agent) -> tuple[Frames, float, Callable[[], None]]:
 
 
 def _gymnasium_frames(agent: Agent, env: gym.Env, seed: int) -> Iterator[np.ndarray]:
+    """Frames of a Gymnasium env made with ``render_mode="rgb_array"``, stepped with ``agent.predict``."""
     obs, _ = env.reset(seed=seed)
     start = int(env.action_space.start) if isinstance(env.action_space, gym.spaces.Discrete) else 0
     done = False
     while True:
         frame = env.render()
         if not isinstance(frame, np.ndarray):
-            raise EnvError(f"{env.spec.id if env.spec else env} gives no frames to record: it does not render with "
-                           "render_mode='rgb_array'")
+            name = env.spec.id if env.spec is not None else type(env.unwrapped).__name__
+            raise EnvError(f"{name} cannot be recorded: it does not render with render_mode='rgb_array'")
         yield frame
         if done:
             return

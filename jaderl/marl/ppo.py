@@ -65,6 +65,8 @@ class MAPPOConfig(OnPolicyConfig):
     max_grad_norm: float = param(10.0, "clip gradient norm to this (0 disables)", low=0.0)
     centralised_critic: bool = param(True, "MAPPO: one team value of the global state, learned from the summed "
                                      "rewards; false is IPPO: a value per agent of its own observation and reward")
+    bootstrap_truncated: bool = param(False, "a truncated episode's last step bootstraps from the value of the state "
+                                      "it reached; false ends the returns there, as MAPPO and IPPO do")
     normalize_values: bool = param(True, "the critic predicts values normalised by a running mean and standard "
                                    "deviation of the value targets (MAPPO's use_valuenorm)")
 
@@ -120,7 +122,8 @@ class MAPPO(MultiAgent, OnPolicyAgent):
             value = self.denormalize(self.value(data["obs"], data["state"]))  # (T, N, K)
             next_value = self.denormalize(self.value(data["next_obs"], data["next_state"]))
             reward = self.team_reward(data["reward"]).unsqueeze(-1) if cfg.centralised_critic else data["reward"]
-            terminated, truncated = (data[k].unsqueeze(-1).expand_as(value) for k in ("terminated", "truncated"))
+            terminated = data["terminated"] if cfg.bootstrap_truncated else data["terminated"] | data["truncated"]
+            terminated, truncated = (x.unsqueeze(-1).expand_as(value) for x in (terminated, data["truncated"]))
             data["advantage"], target = gae(reward, value, next_value, terminated, truncated, cfg.gamma,
                                             cfg.gae_lambda)
             explained = explained_variance(value, target)

@@ -77,6 +77,7 @@ class QMIXConfig(OffPolicyConfig):
     double: bool = param(True, "double Q-learning: the online network picks the target actions")
     loss: str = param("huber", "TD loss: huber (bounded gradients) or mse")
     max_grad_norm: float = param(10.0, "clip gradient norm to this (0 disables)", low=0.0)
+    total_steps: int = param(400_000, "stop after this many env steps (all sub-envs counted)", low=1)
     eval_every: int = param(20_000, "evaluate every this many env steps", low=1)
 
     def validate(self) -> None:

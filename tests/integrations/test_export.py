@@ -24,6 +24,8 @@ from jaderl.integrations.export import MissingExtra, export_policy
 
 onnxruntime = pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxscript")
+pytestmark = [pytest.mark.filterwarnings("ignore:`torch.jit.load` is deprecated:DeprecationWarning"),
+              pytest.mark.filterwarnings("ignore:REINFORCE without a baseline:UserWarning")]  # 16-step rollouts
 
 ENVS = {"discrete": "jaderl/CartPole-v1", "continuous": "Pendulum-v1",  # Gymnasium's: torques rescaled to [-2, 2]
         "multi-agent discrete": "jaderl/simple_spread",

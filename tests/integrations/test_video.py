@@ -1,0 +1,153 @@
+"""``jaderl record``: one valid MP4 per episode, ``steps + 1`` frames (the first observation and every step's), for a
+torch-native classic env drawn by Gymnasium, a Gymnasium env, and an MPE env drawn by jaderl's own renderer."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+import jaderl
+from jaderl.algos import PPO
+from jaderl.api import make_config
+from jaderl.cli import main
+from jaderl.core.agent import Agent
+from jaderl.core.config import ConfigError
+from jaderl.envs import EnvError, make_env
+from jaderl.integrations.video import BLUE, GREY, draw_circles, record
+
+imageio = pytest.importorskip("imageio.v2")
+pytest.importorskip("imageio_ffmpeg")
+
+SETTINGS = {"device": "cpu", "total_steps": 64, "eval_every": 64, "eval_episodes": 1, "hidden": [16], "num_envs": 4,
+            "seed": 2}
+ON_POLICY = {"horizon": 16, "minibatch_size": 32, "num_epochs": 1}
+
+
+def read_frames(path: Path) -> np.ndarray:
+    """Every frame of an MP4 file, decoded: (frames, H, W, 3) uint8."""
+    with imageio.get_reader(path) as reader:
+        return np.stack([np.asarray(frame) for frame in reader])  # (not list(reader): its length hint is inf)
+
+
+def torch_episode(agent: Agent, env_id: str, seed: int) -> tuple[int, torch.Tensor, torch.Tensor]:
+    """The deterministic episode ``record`` plays from ``reset(seed=seed)``: its steps, first and final observation."""
+    env = make_env(env_id, 1, "cpu")
+    first = obs = env.reset(seed=seed)
+    steps, done = 0, False
+    while not done:
+        obs, _, terminated, truncated, info = env.step(agent.act(obs, deterministic=True))
+        steps, done = steps + 1, bool((terminated | truncated)[0])
+    return steps, first[0], info["final_obs"][0]
+
+
+def gymnasium_drawing(env_id: str, state: torch.Tensor) -> np.ndarray:
+    """Gymnasium's own frame of ``env_id`` in ``state``."""
+    env = gym.make(env_id, render_mode="rgb_array").unwrapped
+    env.state = state.double().numpy()
+    frame = env.render()
+    env.close()
+    return frame
+
+
+def test_torch_cartpole_is_drawn_by_gymnasium_from_the_synced_state(tmp_path: Path) -> None:
+    jaderl.train("ppo", "jaderl/CartPole-v1", run_dir=str(tmp_path / "run"), **SETTINGS, **ON_POLICY)
+    agent = jaderl.load(tmp_path / "run")
+    paths = record(agent, tmp_path / "videos", episodes=2, seed=3)
+    assert paths == [tmp_path / "videos" / "episode-0.mp4", tmp_path / "videos" / "episode-1.mp4"]
+    for episode, path in enumerate(paths):
+        frames = read_frames(path)
+        steps, first, final = torch_episode(agent, "jaderl/CartPole-v1", seed=3 + episode)
+        assert frames.shape == (steps + 1, 400, 600, 3)
+        with imageio.get_reader(path) as reader:
+            assert reader.get_meta_data()["fps"] == 50  # Gymnasium's render_fps for CartPole
+        # the first frame shows the reset state, the last the state that ended the episode (not the auto-reset one)
+        for frame, state in ((frames[0], first), (frames[-1], final)):
+            error = np.abs(frame.astype(float) - gymnasium_drawing("CartPole-v1", state)).mean()
+            assert error < 1.0, f"the video differs from Gymnasium's drawing by {error:.2f} on average"
+        reset_drawing = gymnasium_drawing("CartPole-v1", first)
+        assert np.abs(frames[-1].astype(float) - reset_drawing).mean() > 2 * np.abs(
+            frames[-1].astype(float) - gymnasium_drawing("CartPole-v1", final)).mean()
+
+
+def test_gymnasium_pendulum_renders_itself(tmp_path: Path) -> None:
+    jaderl.train("sac", "Pendulum-v1", run_dir=str(tmp_path / "run"), warmup_steps=16, batch_size=16, horizon=1,
+                 **SETTINGS)
+    (path,) = record(jaderl.load(tmp_path / "run"), tmp_path / "videos", episodes=1)
+    frames = read_frames(path)
+    assert frames.shape == (200 + 1, 500, 500, 3)  # Pendulum-v1 is truncated after 200 steps
+    assert frames.std(axis=0).max() > 50  # the pendulum moves
+
+
+def test_simple_spread_is_drawn_as_circles(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run_dir = tmp_path / "run"
+    jaderl.train("mappo", "jaderl/simple_spread", run_dir=str(run_dir), **SETTINGS, **ON_POLICY)
+    assert main(["record", str(run_dir), "--episodes", "1", "--seed", "4"]) == 0  # through the CLI
+    path = run_dir / "videos" / "episode-0.mp4"
+    assert capsys.readouterr().out.split() == [str(path)]
+    frames = read_frames(path)
+    assert frames.shape == (25 + 1, 512, 512, 3)  # 25 steps (MPE2's max_cycles), then truncated
+    pixels = frames[0].reshape(-1, 3).astype(int)
+    for colour in (BLUE, GREY):  # agents and landmarks are there
+        target = np.array(colour) * 255
+        assert (np.abs(pixels - target).max(axis=1) < 20).sum() > 50
+
+
+def test_draw_circles_in_world_coordinates() -> None:
+    frame = draw_circles([(0.5, 0.5, 0.1, (1.0, 0.0, 0.0))], extent=1.0, size=100)
+    assert frame.shape == (100, 100, 3) and frame.dtype == np.uint8
+    assert tuple(frame[25, 75]) == (255, 0, 0)  # (0.5, 0.5) is up and to the right: row 25, column 75
+    assert tuple(frame[75, 25]) == (255, 255, 255) and tuple(frame[0, 0]) == (255, 255, 255)
+    assert tuple(frame[25, 75 + 5]) != (255, 0, 0)  # the outline, 5 pixels (0.1 units) out
+
+
+class Blind(gym.Env):
+    """A Gymnasium env that takes no render_mode."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, (3,))
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, dict]:
+        return np.zeros(3, np.float32), {}
+
+    def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict]:
+        return np.zeros(3, np.float32), 0.0, True, False, {}
+
+
+@pytest.mark.filterwarnings("ignore:.*not in the possible render_modes:UserWarning")  # Gymnasium's, before ours
+def test_envs_that_cannot_be_drawn_say_so(tmp_path: Path) -> None:
+    gym.register("JaderlTestBlind-v0", entry_point=Blind)
+    for env_id, reason in (("jaderl/Chasing-v0", "videos are drawn for Gymnasium ids"),
+                           ("JaderlTestBlind-v0", "it does not render with render_mode='rgb_array'")):
+        env = make_env(env_id, 1)
+        agent = PPO(make_config("ppo", env_id, device="cpu", hidden=[16]), env.spec, torch.device("cpu"))
+        env.close()
+        with pytest.raises(EnvError, match=rf"^{re.escape(env_id)} cannot be recorded: {re.escape(reason)}"):
+            record(agent, tmp_path)
+    assert not list(tmp_path.iterdir())  # nothing written
+    with pytest.raises(ConfigError, match="episodes=0 is out of range"):
+        record(agent, tmp_path, episodes=0)
+
+
+def test_a_missing_package_names_the_extra(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "imageio_ffmpeg" else
+                        real(name, *a))
+    agent = PPO(make_config("ppo", "jaderl/CartPole-v1", device="cpu", hidden=[16]),
+                make_env("jaderl/CartPole-v1", 1).spec, torch.device("cpu"))
+    with pytest.raises(ImportError, match=r"imageio_ffmpeg, which is not installed; pip install 'jaderl\[video\]'"):
+        record(agent, tmp_path)
+    assert not list(tmp_path.iterdir())  # nothing written
+
+
+def test_cli_record_refuses_a_missing_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["record", str(tmp_path / "missing")])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "holds no readable checkpoint" in err and len(err.strip().splitlines()) == 1
