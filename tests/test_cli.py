@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 import torch
 
+from jaderl import api
 from jaderl.algos import ALGOS
 from jaderl.cli import main
 from jaderl.core.checkpoint import CHECKPOINT_JSON
@@ -124,9 +125,10 @@ def test_algos_and_envs(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = _run(["algos"], capsys)
     assert code == 0
     listed = {line.split()[0]: line for line in out.splitlines()}
-    assert set(listed) == set(ALGOS)
+    assert set(listed) == set(api.ALGOS) and set(ALGOS) < set(api.ALGOS)  # single- and multi-agent
     assert "discrete/continuous" in listed["ppo"] and "continuous" in listed["sac"] and "discrete" in listed["dqn"]
     assert "continuous" not in listed["dqn"] and "discrete" not in listed["sac"]
+    assert all("multi-agent" in listed[name] for name in set(api.ALGOS) - set(ALGOS))
     code, out, _ = _run(["envs"], capsys)
     assert code == 0
     assert all(name in out for name in TORCH_ENVS) and "Gymnasium" in out

@@ -2,9 +2,9 @@
 
 Lowe et al. 2017, https://arxiv.org/abs/1706.02275 (MADDPG); Ackermann et al. 2019, https://arxiv.org/abs/1910.01465
 (MATD3). Every agent i acts on its own observation o_i through one actor shared by all agents (parameter sharing, the
-agent's one-hot id appended to o_i); its critic Q_i(s, a_1 .. a_A) reads the global state s, every agent's action and
-the agent's id, and learns agent i's own reward r_i, so cooperative (simple_spread) and competitive games
-(simple_tag's predators and prey) train the same way. Each gradient step, on a batch of B transitions,
+agent's one-hot id appended to o_i); the critic reads the global state s and every agent's action and has one output
+per agent, Q_i(s, a_1 .. a_A), which learns agent i's own reward r_i, so cooperative (simple_spread) and competitive
+games (simple_tag's predators and prey) train the same way. Each gradient step, on a batch of B transitions,
 
     1. critics: y_i = r_i + gamma (1 - terminated) min_e Q_target_e,i(s', a'_1 .. a'_A),  a'_j = the target actor's
        action for o'_j (continuous: TD3's target smoothing, see jaderl.algos.td3), and minimise
@@ -58,8 +58,8 @@ class MADDPGConfig(TD3Config):
     batch_size: int = param(512, "transitions (each with every agent) per gradient step", low=1)
     buffer_size: int = param(1_000_000, "replay capacity in transitions (each with every agent)", low=1)
     warmup_steps: int = param(10_000, "env steps of uniformly random actions before learning starts", low=0)
-    updates_per_step: float = param(0.0625, "gradient steps per env step collected (all sub-envs counted)",
-                                    low=0.0, open_low=True)
+    updates_per_step: float = param(0.0625, "gradient steps per env step collected (all sub-envs counted); the "
+                                    "default is one per explore call of the 16 sub-envs", low=0.0, open_low=True)
     max_grad_norm: float = param(0.5, "clip gradient norm to this (0 disables)", low=0.0)
     exploration_noise: float = param(0.1, "std of the Gaussian exploration noise (continuous actions)", low=0.0)
     gumbel_temperature: float = param(1.0, "temperature of the straight-through Gumbel-softmax (discrete actions)",
