@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import multiprocessing as mp
 import os
@@ -94,3 +95,30 @@ def no_leftover_processes() -> Iterator[None]:
     assert not left, f"processes left behind: {left}"
     assert not zombies, f"zombie processes: {zombies}"
     assert not [p for p in mp.active_children() if p.name.startswith("jaderl-")]
+
+
+class HostSync(AssertionError):
+    """A tensor's value was read on the host where nothing may be (the hot loop, an update)."""
+
+
+@pytest.fixture
+def no_host_syncs(monkeypatch: pytest.MonkeyPatch) -> Callable[[], contextlib.AbstractContextManager[None]]:
+    """A context manager factory: within ``with no_host_syncs():`` every Python-level read of a tensor's value
+    raises :class:`HostSync` (an AssertionError naming the read)."""
+
+    def forbid(name: str) -> Any:
+        def raiser(*args: Any, **kwargs: Any) -> Any:
+            raise HostSync(f"host sync: {name}")
+
+        return raiser
+
+    @contextlib.contextmanager
+    def guard() -> Iterator[None]:
+        with monkeypatch.context() as m:
+            for name in ("item", "tolist", "numpy", "cpu", "nonzero", "__bool__", "__float__", "__int__", "__index__"):
+                m.setattr(torch.Tensor, name, forbid(f"Tensor.{name}"))
+            for name in ("nonzero", "equal", "allclose", "is_nonzero"):
+                m.setattr(torch, name, forbid(f"torch.{name}"))
+            yield
+
+    return guard
