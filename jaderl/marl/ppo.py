@@ -40,7 +40,7 @@ from jaderl.algos import AlgoSpec
 from jaderl.algos.base import OnPolicyAgent, OnPolicyConfig
 from jaderl.algos.ppo import PPO, explained_variance
 from jaderl.core.agent import Hyperparameter
-from jaderl.core.buffers import RolloutBuffer, gae
+from jaderl.core.buffers import Batch, RolloutBuffer, gae
 from jaderl.core.config import ConfigError, param
 from jaderl.core.nets import ObsNorm, mlp
 from jaderl.envs.vec import EnvSpec
@@ -112,20 +112,26 @@ class MAPPO(MultiAgent, OnPolicyAgent):
         norm = self.value_norm
         return value * (norm.var + 1e-8).sqrt() + norm.mean if norm.enabled else value
 
+    def returns(self, data: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """GAE advantages, value targets and the critic's values (T, N, K) of a rollout, in reward units: K = 1 and
+        the team reward for MAPPO, K = agents and each agent's reward for IPPO."""
+        cfg = self.config
+        value = self.denormalize(self.value(data["obs"], data["state"]))
+        next_value = self.denormalize(self.value(data["next_obs"], data["next_state"]))
+        reward = self.team_reward(data["reward"]).unsqueeze(-1) if cfg.centralised_critic else data["reward"]
+        terminated = data["terminated"] if cfg.bootstrap_truncated else data["terminated"] | data["truncated"]
+        terminated, truncated = (x.unsqueeze(-1).expand_as(value) for x in (terminated, data["truncated"]))
+        advantage, target = gae(reward, value, next_value, terminated, truncated, cfg.gamma, cfg.gae_lambda)
+        return advantage, target, value
+
     def update(self, buffer: RolloutBuffer) -> dict[str, torch.Tensor]:
         cfg, data = self.config, buffer.data
-        # 1. old log-probabilities, values and GAE for the whole rollout; K = 1 (team) or agents (per agent)
+        # 1. old log-probabilities, advantages and the critic's targets (normalised) for the whole rollout
         with torch.no_grad():
             features = self.features(data["obs"])  # (T, N, A, obs_dim)
             data["log_prob"] = self.actor.evaluate(features.flatten(0, 2), data["action"].flatten(0, 2))[0] \
                 .view(data["reward"].shape)  # (T, N, A)
-            value = self.denormalize(self.value(data["obs"], data["state"]))  # (T, N, K)
-            next_value = self.denormalize(self.value(data["next_obs"], data["next_state"]))
-            reward = self.team_reward(data["reward"]).unsqueeze(-1) if cfg.centralised_critic else data["reward"]
-            terminated = data["terminated"] if cfg.bootstrap_truncated else data["terminated"] | data["truncated"]
-            terminated, truncated = (x.unsqueeze(-1).expand_as(value) for x in (terminated, data["truncated"]))
-            data["advantage"], target = gae(reward, value, next_value, terminated, truncated, cfg.gamma,
-                                            cfg.gae_lambda)
+            data["advantage"], target, value = self.returns(data)
             explained = explained_variance(value, target)
             self.value_norm.update(target)
             data["value_target"] = self.value_norm(target)  # in the critic's units
