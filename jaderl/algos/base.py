@@ -131,8 +131,10 @@ class OnPolicyAgent(Agent):
                                                            "ent_coef": Hyperparameter(0.0, 0.1),
                                                            "vf_coef": Hyperparameter(0.1, 1.0)}
 
-    def build_actor_critic(self, hidden: list[int], critic: bool, log_std_init: float | None = None) -> None:
-        """Create ``self.actor`` (and ``self.critic`` if asked) and ``self.optimizer``, Adam over both."""
+    def build_actor_critic(self, hidden: list[int], critic: bool, log_std_init: float | None = None,
+                           eps: float = 1e-5) -> None:
+        """Create ``self.actor`` (and ``self.critic`` if asked) and ``self.optimizer``, Adam over both (``eps``: Adam's
+        epsilon; 1e-5 is PPO's and A2C's usual value)."""
         actor_cls = CategoricalActor if self.is_discrete else GaussianActor
         self.actor = actor_cls(self.obs_dim, self.action_dim, hidden).to(self.device)
         if log_std_init is not None and isinstance(self.actor, GaussianActor):
@@ -140,7 +142,7 @@ class OnPolicyAgent(Agent):
         self.critic = mlp([self.obs_dim, *hidden, 1], nn.Tanh, out_gain=1.0).to(self.device) if critic else None
         params = [*self.encoder_parameters(), *self.actor.parameters()]
         params += [] if self.critic is None else list(self.critic.parameters())
-        self.optimizer: torch.optim.Optimizer = self.adam(params, lr=self.config.lr, eps=1e-5)
+        self.optimizer: torch.optim.Optimizer = self.adam(params, lr=self.config.lr, eps=eps)
 
     def networks(self) -> dict[str, nn.Module]:
         critic = {} if self.critic is None else {"critic": self.critic}

@@ -76,7 +76,9 @@ class Reinforce(OnPolicyAgent):
 
     def __init__(self, config: ReinforceConfig, spec: EnvSpec, device: torch.device) -> None:
         super().__init__(config, spec, device)
-        self.build_actor_critic(config.hidden, critic=config.baseline, log_std_init=config.log_std_init)
+        # Adam's own epsilon (1e-8): the policy-gradient steps are small and 1e-5 damps them (fewer seeds solve
+        # Pendulum)
+        self.build_actor_critic(config.hidden, critic=config.baseline, log_std_init=config.log_std_init, eps=1e-8)
 
     def update(self, buffer: RolloutBuffer) -> dict[str, torch.Tensor]:
         cfg, data = self.config, buffer.data
