@@ -18,13 +18,18 @@ with r = pi(a_i|o_i) / pi_old(a_i|o_i). The presets differ in the critic and the
   shared coverage term plus half agent i's own collision term (see :mod:`jaderl.envs.mpe`), so IPPO's agents
   cooperate through the shared half.
 
-Advantages are GAE(lambda) over each sub-env's steps (:func:`jaderl.core.buffers.gae`; a truncated episode bootstraps
-from its final state or observation). Value normalisation (the MAPPO paper's ``use_valuenorm``, on by default): the
-critic predicts values in units of a running mean and standard deviation of the value targets (``value_norm``, a
+Advantages are GAE(lambda) over each sub-env's steps (:func:`jaderl.core.buffers.gae`). Every episode end, the time
+limit included, ends the returns, as the MAPPO and IPPO code treat MPE's 25-step limit; ``bootstrap_truncated``
+bootstraps a truncated step from the value of the state it reached instead. That is off by default because those
+states are never a rollout's ``obs`` (the env resets first), so the critic is never trained on them: on simple_spread,
+whose observations carry no time, IPPO's agents learned to drift to where the critic over-estimated them (team return
+-100 after 200k steps, worse than random). Value normalisation (the MAPPO paper's ``use_valuenorm``, on by default):
+the critic predicts values in units of a running mean and standard deviation of the value targets (``value_norm``, a
 running statistic: checkpointed, and merged exactly by data-parallel learners); GAE reads the denormalised
 predictions, and the value loss compares the prediction with the normalised target. The statistics are those of every
 target seen (the paper's exponential average with beta = 0.99999 is nearly that), updated once per rollout before its
-epochs. Discrete and continuous actions; the defaults are tuned for ``jaderl/simple_spread``.
+epochs. The actor and the critic are tanh MLPs trained by one Adam (the paper's two optimizers share one learning
+rate). Discrete and continuous actions; the defaults are tuned for ``jaderl/simple_spread``.
 """
 
 from __future__ import annotations
@@ -101,7 +106,7 @@ class MAPPO(MultiAgent, OnPolicyAgent):
         self.optimizer.add_param_group({"params": list(self.critic.parameters())})
         # normalise the state like the observations (normalize_obs); values by the targets' running statistics
         self.state_norm = ObsNorm((self.state_dim,), config.normalize_obs).to(device)
-        self.value_norm = ObsNorm((), config.normalize_values, clip=math.inf).to(device)
+        self.value_norm = ObsNorm((1,), config.normalize_values, clip=math.inf).to(device)
 
     def running_stats(self) -> dict[str, nn.Module | torch.Tensor]:
         return super().running_stats() | {"state_norm": self.state_norm, "value_norm": self.value_norm}

@@ -146,8 +146,8 @@ def test_value_normalisation_tracks_every_target_and_the_critic_learns_normalise
         agent.update(buffer)
         seen = torch.cat(targets).flatten()
         # Chan et al.'s merge from the prior (mean 0, variance 1, count 1e-4): the targets' own statistics
-        torch.testing.assert_close(agent.value_norm.mean, seen.mean(), rtol=1e-4, atol=1e-4)
-        torch.testing.assert_close(agent.value_norm.var, seen.var(correction=0), rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(agent.value_norm.mean, seen.mean().view(1), rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(agent.value_norm.var, seen.var(correction=0).view(1), rtol=1e-4, atol=1e-4)
         torch.testing.assert_close(buffer.data["value_target"],
                                    (targets[-1] - agent.value_norm.mean) / (agent.value_norm.var + 1e-8).sqrt())
     assert "value_norm" in agent.running_stats()
@@ -220,3 +220,13 @@ def test_train_resume_load_act(algo: str, tmp_path: Path) -> None:
         action = agent.act(obs, deterministic=True)
         assert action.shape == (5, AGENTS) and not action.dtype.is_floating_point and not action.requires_grad
         env.step(action)
+
+
+def test_data_parallel_learners_merge_the_value_normaliser(tmp_path: Path) -> None:
+    settings = {"num_envs": 8, "horizon": 25, "minibatch_size": 100, "num_epochs": 1, "hidden": [16, 16],
+                "total_steps": 800, "eval_every": 800, "checkpoint_every": 800, "eval_episodes": 2, "device": "cpu"}
+    result = train("mappo", ENV, run_dir=str(tmp_path / "ddp"), learners=2, **settings)
+    assert result.steps == 800
+    # each learner saw 2 rollouts of 8 x 25 team targets; the merged statistics count both learners' targets
+    norm = load_checkpoint(tmp_path / "ddp")["agent"]["running_stats"]["value_norm"]
+    assert float(norm["count"]) == pytest.approx(800, abs=1e-3)
