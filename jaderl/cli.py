@@ -93,9 +93,65 @@ def build_parser() -> argparse.ArgumentParser:
     record.add_argument("--episodes", type=whole_number, default=3, help="videos to write, one per episode")
     record.add_argument("--out", metavar="DIR", help="the directory to write them to (default: RUN_DIR/videos)")
     record.add_argument("--seed", type=whole_number, default=0, help="episode i starts from reset(seed=SEED + i)")
+    _add_population_parsers(sub)
     sub.add_parser("algos", help="list the algorithms")
     sub.add_parser("envs", help="list the built-in envs")
     return parser
+
+
+def _add_population_parsers(sub: Any) -> None:
+    """``jaderl pbt`` and ``jaderl fuse`` (docs/population.md)."""
+    pbt = sub.add_parser("pbt", help="population-based training on Ray (or continue one with --resume POP_DIR)")
+    pbt.add_argument("algo", nargs="?", help="algorithm name (`jaderl algos`)")
+    pbt.add_argument("env", nargs="?", help="env id (`jaderl envs`) or any Gymnasium id")
+    pbt.add_argument("--resume", metavar="POP_DIR", help="continue the population in POP_DIR from its last generation")
+    pbt.add_argument("--members", type=whole_number, default=8, help="members trained side by side (default 8)")
+    pbt.add_argument("--period", type=whole_number, default=20_000,
+                     help="env steps each member trains between rankings (default 20000)")
+    pbt.add_argument("--generations", type=whole_number, help="periods in all (default 10)")
+    pbt.add_argument("--seed", type=whole_number, default=0, help="member k trains with seed + k")
+    pbt.add_argument("--run-dir", metavar="POP_DIR", help="the population directory (default runs/pbt-ALGO-ENV-...)")
+    pbt.add_argument("--space", metavar="NAME=KIND:LOW:HIGH", action="append", default=[],
+                     help="search this hyperparameter (loguniform, uniform or choice), e.g. lr=loguniform:1e-4:1e-2; "
+                          "default: every mutable hyperparameter of the algorithm over its valid range")
+    pbt.add_argument("--quantile", type=float, default=0.25, help="the bottom fraction copies the top one (0.25)")
+    pbt.add_argument("--resample-probability", type=float, default=0.25,
+                     help="chance that a copied member's hyperparameter is drawn afresh instead of perturbed (0.25)")
+    pbt.add_argument("--no-copy-buffer", dest="copy_buffer", action="store_false",
+                     help="a copy keeps its own replay buffer instead of taking its parent's")
+    pbt.add_argument("--address", help="join the Ray cluster at this address (default: RAY_ADDRESS, else a local "
+                     "Ray sized to this machine)")
+    pbt.add_argument("--resources-per-member", dest="resources", default="", metavar="cpu=1,gpu=0.25",
+                     help="Ray resources each member holds (fractions allowed; default: the CPUs shared evenly)")
+    pbt.add_argument("--set", dest="overrides", metavar="KEY=VALUE", action="append", default=[],
+                     help="set a config field of every member, e.g. --set num_envs=8 --set hidden=[64,64]")
+    pbt.add_argument("--json", action="store_true", help="print the result as one JSON object on the last line")
+    fuse = sub.add_parser("fuse", help="fuse finished runs of one algorithm and env into one run by averaging their "
+                          "parameters and optimizer states")
+    fuse.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
+    fuse.add_argument("--out", required=True, metavar="DIR", help="the new run directory to write")
+    fuse.add_argument("--json", action="store_true", help="print the result as one JSON object")
+
+
+def _pbt(args: argparse.Namespace) -> Any:
+    from jaderl.population import pbt, resume_pbt
+
+    def progress(info: dict[str, Any]) -> None:
+        scores = " ".join(f"{s:.1f}" for s in info["scores"])
+        print(f"generation {info['generation']}/{info['generations']} | best {info['best_score']:.2f} | "
+              f"scores {scores} | {info['time_s']:.1f} s", file=sys.stderr, flush=True)
+
+    if args.resume:
+        if args.algo or args.env or args.overrides or args.space:
+            _fail("--resume takes the population's settings from POP_DIR; drop ALGO, ENV, --space and --set")
+        return resume_pbt(args.resume, generations=args.generations, address=args.address, progress=progress)
+    if not (args.algo and args.env):
+        _fail("pbt needs ALGO and ENV, e.g. `jaderl pbt ppo jaderl/CartPole-v1`, or --resume POP_DIR")
+    settings = dict(parse_assignment(text) for text in args.overrides)
+    return pbt(args.algo, args.env, members=args.members, period=args.period, generations=args.generations or 10,
+               seed=args.seed, run_dir=args.run_dir, space=args.space, quantile=args.quantile,
+               resample_probability=args.resample_probability, copy_buffer=args.copy_buffer,
+               resources=args.resources, address=args.address, progress=progress, **settings)
 
 
 class ProgressPrinter:
@@ -162,6 +218,25 @@ def main(argv: list[str] | None = None) -> int:
                   f"{result.best_eval_return:.2f}; run directory {result.run_dir}")
             if result.stop_reason == "interrupted":  # Ctrl-C: the final checkpoint is saved, but the run did not end
                 code = EXIT_INTERRUPTED
+        elif args.command == "pbt":
+            from jaderl.population import PopulationError
+
+            try:
+                result = _pbt(args)
+            except PopulationError as exc:
+                print(f"jaderl: error: {exc}", file=sys.stderr)
+                return 1
+            out = {k: v if not isinstance(v, float) or math.isfinite(v) else None
+                   for k, v in dataclasses.asdict(result).items()}
+            print(json.dumps(out) if args.json else
+                  f"{result.generations} generations in {result.time_s:.1f} s; best member {result.best_member} "
+                  f"({result.best_score:.2f}); best run directory {result.best_run_dir}")
+        elif args.command == "fuse":
+            from jaderl.population import fuse_runs
+
+            report = fuse_runs(args.run_dirs, args.out)
+            print(json.dumps(report) if args.json else
+                  f"fused {len(args.run_dirs)} runs into {report['run_dir']}: evaluation {report['eval_return']:.2f}")
         elif args.command == "eval":
             report = api.evaluate(args.run_dir, episodes=args.episodes, device=args.device)
             print(json.dumps(report) if args.json else

@@ -1,0 +1,115 @@
+"""Several agents as one: fused into a single run (parameters averaged), or an ensemble that combines their actions.
+
+* :func:`fuse_runs` reads finished runs of one algorithm with the same settings (different seeds, or members of a
+  population), averages their parameters, optimizer states and running statistics with
+  :func:`jaderl.parallel.fusion.fuse_agents`, evaluates the result and writes it as a new, ordinary run directory
+  (``jaderl eval``, ``jaderl.load`` and ``jaderl train --resume`` accept it). ``jaderl fuse RUN_DIR ... --out DIR``.
+* :class:`Ensemble` keeps the agents apart and combines what they do at inference: continuous actions are averaged;
+  discrete actions are decided by majority vote (ties go to the smaller action index). A vote, not a mean of
+  probabilities, because every algorithm gives actions but not all give probabilities (DQN's greedy action has none).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from jaderl.api import ALGOS, load
+from jaderl.core.agent import Agent
+from jaderl.core.checkpoint import load_checkpoint
+from jaderl.core.config import ConfigError
+from jaderl.core.evaluator import run_episodes
+from jaderl.core.loop import Trainer
+from jaderl.envs import make_env
+from jaderl.parallel.fusion import fuse_agents
+
+FREE_SETTINGS = ("seed", "run_dir", "total_steps", "time_limit", "target_return", "eval_every", "eval_episodes",
+                 "checkpoint_every", "device", "num_threads", "compile", "env_workers", "workers", "learners")
+"""Settings in which fused runs may differ (besides the algorithm's mutable hyperparameters); any other difference
+means networks or optimizers of another shape, or another task."""
+
+
+def check_same_settings(agents: Sequence[Agent], names: Sequence[str]) -> None:
+    """Refuse in one sentence agents of different algorithms, envs or network-shaping settings."""
+    first = agents[0].config.to_dict()
+    free = set(FREE_SETTINGS) | set(type(agents[0]).hyperparameters)
+    for agent, name in zip(agents[1:], names[1:], strict=True):
+        other = agent.config.to_dict()
+        for key in first:
+            if key not in free and other.get(key) != first[key]:
+                raise ConfigError(f"{name} has {key}={other.get(key)!r} but {names[0]} has {key}={first[key]!r}; only "
+                                  "runs of one algorithm and env with the same settings (other seeds) can be combined")
+
+
+def fuse_runs(run_dirs: Sequence[str | Path], out: str | Path, device: str = "cpu") -> dict[str, Any]:
+    """Fuse the last checkpoints of ``run_dirs`` into a new run directory ``out``: the first run's whole state
+    (replay buffer, env state, counters) with every tensor of the agent averaged over all runs; evaluated once.
+    Returns ``{"run_dir", "eval_return", "fused"}``."""
+    if len(run_dirs) < 2:
+        raise ConfigError(f"fusion needs two or more run directories, got {len(run_dirs)}")
+    names = [str(d) for d in run_dirs]
+    agents = [load(d, best=False, device=device) for d in run_dirs]
+    check_same_settings(agents, names)
+    config = agents[0].config.replace(run_dir=str(out), device=device)
+    with Trainer(config, ALGOS[config.algo].agent_cls) as trainer:
+        state = load_checkpoint(run_dirs[0], trainer.device)
+        trainer.load_state_dict({**state, "evaluator": {"rows": []}})  # the fused agent's own evaluations only
+        try:
+            fuse_agents([trainer.agent, *agents[1:]])
+        except ValueError as exc:
+            raise ConfigError(f"cannot fuse {', '.join(names)}: {exc}") from None
+        score = trainer.evaluate()
+        trainer.checkpoint()
+    return {"run_dir": str(out), "eval_return": score, "fused": names}
+
+
+class Ensemble:
+    """Agents of one env acting together: ``act`` and ``predict`` combine every agent's deterministic action (mean
+    for continuous actions, majority vote for discrete ones; see the module docstring)."""
+
+    def __init__(self, agents: Sequence[Agent]) -> None:
+        if not agents:
+            raise ConfigError("an ensemble needs one or more agents")
+        envs = {a.config.env for a in agents}
+        if len(envs) > 1 or len({(a.is_discrete, a.action_dim) for a in agents}) > 1:
+            raise ConfigError(f"an ensemble's agents must act in one env with one action space; got {sorted(envs)}")
+        self.agents = list(agents)
+        self.spec, self.device, self.is_discrete = agents[0].spec, agents[0].device, agents[0].is_discrete
+        self.config = agents[0].config
+
+    @classmethod
+    def from_runs(cls, run_dirs: Sequence[str | Path], best: bool = True, device: str = "cpu") -> Ensemble:
+        """The agents saved in ``run_dirs`` (their best policies, or last states with ``best=False``); they may be of
+        different algorithms."""
+        return cls([load(d, best=best, device=device) for d in run_dirs])
+
+    def combine(self, actions: torch.Tensor) -> torch.Tensor:
+        """One action per row from the agents' actions (K, N, ...): their mean, or the discrete majority."""
+        if not self.is_discrete:
+            return actions.float().mean(0)
+        votes = torch.nn.functional.one_hot(actions.long(), self.agents[0].action_dim).sum(0)  # (N, ..., actions)
+        return votes.argmax(-1)  # ties: the first maximum, the smaller index
+
+    @torch.no_grad()
+    def act(self, obs: torch.Tensor, deterministic: bool = True) -> torch.Tensor:
+        """Combined actions (N,) or (N, action_dim) in [-1, 1] for raw observations (N, *obs_shape)."""
+        return self.combine(torch.stack([agent.act(obs, deterministic) for agent in self.agents]))
+
+    def predict(self, obs: Any, deterministic: bool = True) -> np.ndarray:
+        """Combined actions in the env's own action space, as :meth:`Agent.predict` gives them."""
+        actions = np.stack([agent.predict(obs, deterministic) for agent in self.agents])
+        return self.combine(torch.as_tensor(actions)).numpy().astype(actions.dtype)
+
+    def evaluate(self, episodes: int = 10, seed: int = 12_345) -> dict[str, Any]:
+        """Mean and std of the ensemble's return over ``episodes`` deterministic episodes (as ``jaderl eval``)."""
+        env = make_env(self.config.env, episodes, self.device, seed=seed)
+        try:
+            returns, _ = run_episodes(self, env, seed)  # type: ignore[arg-type]  # it acts like an agent
+        finally:
+            env.close()
+        returns = returns.sum(-1) if returns.dim() > 1 else returns  # several agents: the team's return
+        return {"mean": returns.mean().item(), "std": returns.std(unbiased=False).item(), "episodes": episodes}

@@ -1,0 +1,96 @@
+"""A population member: one :class:`~jaderl.Trainer` that a Ray actor holds, driven through the Trainer's own verbs.
+
+The member trains to a step target (``run(steps=...)``), reports the evaluation its period ended with, gives its whole
+state (``state_dict()``) to the object store, and takes another member's state and new hyperparameters
+(``load_state_dict()`` and ``set_hyperparameters()``). It checkpoints into its own run directory at creation and at
+every period's end, so a member whose process dies is restarted from its last state, and the population directory
+always holds every member as an ordinary run directory.
+
+:class:`Member` is a plain class; :func:`remote_member` makes it a Ray actor class (Ray is imported only then).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+from typing import Any
+
+from jaderl.api import ALGOS, make_config
+from jaderl.core.loop import Trainer
+
+
+class Member:
+    """One member: a Trainer built from ``settings`` (a config as a dict, naming its ``algo``, ``env`` and
+    ``run_dir``), continued from the checkpoint in that directory when ``resume``, and given ``hyperparameters``."""
+
+    def __init__(self, settings: dict[str, Any], resume: bool = False,
+                 hyperparameters: dict[str, float] | None = None) -> None:
+        config = make_config(**settings)
+        self.trainer = Trainer(config, ALGOS[config.algo].agent_cls, resume=resume)
+        if hyperparameters:
+            self.trainer.set_hyperparameters(**hyperparameters)
+        if not resume or hyperparameters:
+            self.trainer.checkpoint()  # a restarted member always finds a state to continue
+
+    def describe(self) -> dict[str, Any]:
+        """Where it runs and what it is: env steps, mutable hyperparameters, run directory, host, Ray node, process."""
+        trainer = self.trainer
+        return {"steps": trainer.agent.steps, "run_dir": str(trainer.run_dir), "algo": trainer.config.algo,
+                "hyperparameters": {k: getattr(trainer.config, k) for k in trainer.agent.hyperparameters},
+                "host": socket.gethostname(), "node": _node_id(), "pid": os.getpid()}
+
+    def train_until(self, target_steps: int) -> dict[str, Any]:
+        """Train until ``target_steps`` env steps (nothing if already there), evaluate, checkpoint; returns
+        ``{"steps", "score", "stop_reason"}`` with the score of the evaluation at the end (NaN-free: a run that
+        could not evaluate scores -inf)."""
+        remaining = target_steps - self.trainer.agent.steps
+        if remaining > 0:
+            reason = self.trainer.run(steps=remaining).stop_reason  # evaluates and checkpoints when it stops
+            score = self.trainer.last_eval
+        else:  # reached in an earlier attempt (a population resumed after its driver died)
+            reason, score = "period", self.trainer.evaluate()
+            self.trainer.checkpoint()
+        return {"steps": self.trainer.agent.steps, "score": score if math.isfinite(score) else -math.inf,
+                "stop_reason": reason}
+
+    def state(self, include_buffer: bool = True) -> dict[str, Any]:
+        """The Trainer's whole state (without the replay buffer unless ``include_buffer``), for another member."""
+        state = self.trainer.state_dict()
+        return state if include_buffer else {**state, "buffer": None}
+
+    def exploit(self, state: dict[str, Any], hyperparameters: dict[str, float]) -> None:
+        """Continue from another member's ``state`` (networks, optimizers, normalisers, counters, the env's state, its
+        replay buffer if the state holds one) with ``hyperparameters``, keeping this member's own random streams so
+        the copy does not retrace its parent's steps; then checkpoint."""
+        trainer = self.trainer
+        own_rng = trainer.rng
+        own_buffer = list(trainer.buffer.state_dict()) if state["buffer"] is None else None
+        trainer.load_state_dict(state if own_buffer is None else {**state, "buffer": own_buffer})
+        if own_buffer is not None:  # its own transitions stay; their episodes end where the parent's begin
+            trainer.buffer.load_state_dict(*own_buffer, cut_episodes=True)
+        trainer.rng = own_rng
+        trainer.set_hyperparameters(**hyperparameters)
+        trainer.checkpoint()
+
+    def set_hyperparameters(self, values: dict[str, float]) -> None:
+        """Change hyperparameters now (recorded in the run's config.yaml) and checkpoint."""
+        self.trainer.set_hyperparameters(**values)
+        self.trainer.checkpoint()
+
+    def close(self) -> None:
+        """Close the Trainer's envs and evaluator (its last plot)."""
+        self.trainer.close()
+
+
+def _node_id() -> str:
+    """The Ray node this process runs on (the first 12 hex digits of its id; "local" outside Ray)."""
+    import ray
+
+    return str(ray.get_runtime_context().get_node_id() or "local")[:12] if ray.is_initialized() else "local"
+
+
+def remote_member(ray: Any, options: dict[str, Any]) -> Any:
+    """:class:`Member` as a Ray actor class with ``options`` (``num_cpus``, ``num_gpus``); Ray does not restart it
+    by itself: the population restarts a dead member from its checkpoint."""
+    return ray.remote(max_restarts=0, max_concurrency=1, **options)(Member)

@@ -1,0 +1,306 @@
+"""Population-based training (Jaderberg et al. 2017, arXiv:1711.09846), generational, with Trainers in Ray actors.
+
+    members = [Member(settings with seed + k, hyperparameters sampled from the space) as Ray actors]
+    for generation g:
+        every member trains to (g + 1) * period env steps side by side, evaluates, checkpoints
+        rank by the evaluation's mean return; record population.csv
+        each member of the bottom quantile takes the whole state of a random member of the top quantile (networks,
+        optimizers, normalisers, env state, optionally its replay buffer: in memory, through the object store) and
+        explores: each hyperparameter perturbed by x0.8 / x1.2 or, with ``resample_probability``, resampled
+        write population.json (the commit point of the generation)
+    copy the best member's run directory to POP_DIR/best
+
+A member whose process dies is restarted from its last checkpoint (on any node with room) and trains its period
+again; one that diverges (NaN) scores -inf and is replaced by a copy of a top member. After the driver dies,
+:func:`resume_pbt` continues from the last generation committed, losing at most one period of training.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from jaderl.api import ALGOS, make_config
+from jaderl.core.config import ConfigError
+from jaderl.core.loop import TrainingError, check_spec
+from jaderl.envs import make_env
+from jaderl.population.cluster import PopulationError, Resources, connected
+from jaderl.population.member import remote_member
+from jaderl.population.space import Space, explore, parse_space, sample
+from jaderl.population.store import (
+    STATE_JSON,
+    copy_run,
+    csv_row,
+    new_population_dir,
+    plot_population,
+    read_rows,
+    read_state,
+    write_json,
+    write_rows,
+)
+
+FORMAT = 1
+"""The layout of population.json."""
+
+
+@dataclasses.dataclass
+class PBTResult:
+    """What a finished population reports (``jaderl pbt --json`` prints it)."""
+
+    population_dir: str
+    generations: int
+    best_member: int
+    best_score: float
+    best_run_dir: str
+    time_s: float
+
+
+@dataclasses.dataclass
+class PBTSettings:
+    """Everything that defines a population; saved in population.json, so ``--resume`` needs only the directory."""
+
+    algo: str
+    env: str
+    members: int = 8
+    """members trained side by side"""
+    period: int = 20_000
+    """env steps each member trains between two rankings"""
+    generations: int = 10
+    """periods in all; the last one ends with a ranking and no copies"""
+    seed: int = 0
+    """member k trains with seed + k; the controller's choices use seed"""
+    space: dict[str, str] = dataclasses.field(default_factory=dict)
+    """hyperparameter -> ``KIND:LOW:HIGH`` (empty: every mutable hyperparameter of the algorithm, whole range)"""
+    quantile: float = 0.25
+    """the bottom fraction copies the top fraction (at least one member each)"""
+    resample_probability: float = 0.25
+    """chance that an explored hyperparameter is drawn afresh instead of perturbed"""
+    copy_buffer: bool = True
+    """whether a copy takes its parent's replay buffer too (off-policy algorithms; a large buffer costs memory)"""
+    resources: str = ""
+    """each member's Ray resources, ``cpu=1,gpu=0.25`` (empty: the cluster's CPUs shared evenly, at most one each)"""
+    max_restarts: int = 3
+    """times a member whose process died is restarted from its checkpoint before the population gives up"""
+    settings: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """config fields every member trains with (``num_envs``, ``hidden`` ...)"""
+
+    def validate(self) -> Space:
+        """Refuse bad settings in one sentence, before any member starts; returns the parsed search space."""
+        for name, low in (("members", 2), ("period", 1), ("generations", 1), ("max_restarts", 0)):
+            if getattr(self, name) < low:
+                raise ConfigError(f"{name}={getattr(self, name)} is out of range: it must be >= {low}")
+        if not 0 < self.quantile <= 0.5:
+            raise ConfigError(f"quantile={self.quantile} is out of range: it must be in (0, 0.5]")
+        if not 0 <= self.resample_probability <= 1:
+            raise ConfigError(f"resample_probability={self.resample_probability} is out of range: it must be in [0, 1]")
+        Resources.parse(self.resources)
+        config = make_config(**self.member_settings(0, Path(".")))
+        agent_cls = ALGOS[self.algo].agent_cls
+        env = make_env(config.env, 1, "cpu")  # the env exists and the algorithm fits it
+        try:
+            check_spec(config, agent_cls, env.spec)
+        finally:
+            env.close()
+        return parse_space(agent_cls, self.space)
+
+    def member_settings(self, k: int, pop_dir: Path) -> dict[str, Any]:
+        """Config fields of member ``k``: its seed and run directory, evaluations at period ends."""
+        settings = {"eval_every": self.period, "checkpoint_every": self.period, **self.settings}
+        return {**settings, "algo": self.algo, "env": self.env, "seed": self.seed + k,
+                "total_steps": self.period * self.generations, "run_dir": str(pop_dir / "members" / f"m{k:02d}")}
+
+
+Progress = Callable[[dict[str, Any]], None]
+
+
+def pbt(algo: str, env: str, *, members: int = 8, period: int = 20_000, generations: int = 10, seed: int = 0,
+        run_dir: str | None = None, space: list[str] | dict[str, str] | None = None, quantile: float = 0.25,
+        resample_probability: float = 0.25, copy_buffer: bool = True, resources: str = "",
+        address: str | None = None, num_cpus: int | None = None, max_restarts: int = 3,
+        progress: Progress | None = None, **settings: Any) -> PBTResult:
+    """Train a population of ``members`` agents of ``algo`` on ``env`` with PBT (see the module docstring) in a new
+    population directory ``run_dir``; ``settings`` are config fields for every member. With no ``address`` (and
+    no ``RAY_ADDRESS``) a local Ray with ``num_cpus`` (default: this machine's) runs it."""
+    entries = dict(e.split("=", 1) if "=" in e else (e, "") for e in space) if isinstance(space, list) else space
+    if isinstance(space, list) and (bad := [e for e in space if "=" not in e]):
+        raise ConfigError(f"--space {bad[0]!r} is not NAME=KIND:LOW:HIGH; write e.g. lr=loguniform:1e-4:1e-2")
+    config = PBTSettings(algo, env, members, period, generations, seed, dict(entries or {}), quantile,
+                         resample_probability, copy_buffer, resources, max_restarts, settings)
+    parsed = config.validate()
+    pop_dir = new_population_dir(run_dir, "pbt", algo, env, seed)
+    rng = random.Random(seed)
+    state = {"format": FORMAT, "settings": dataclasses.asdict(config), "generation": 0,
+             "members": [{"parent": k, "hyperparameters": sample(parsed, rng)} for k in range(members)]}
+    state["rng"] = _rng_to_json(rng)
+    write_json(pop_dir / STATE_JSON, state)
+    return _Controller(pop_dir, config, parsed, state, resume=False).run(address, num_cpus, progress)
+
+
+def resume_pbt(pop_dir: str | Path, *, generations: int | None = None, address: str | None = None,
+               num_cpus: int | None = None, progress: Progress | None = None) -> PBTResult:
+    """Continue the population in ``pop_dir`` from its last committed generation (members from their checkpoints);
+    ``generations`` may raise the number of generations."""
+    pop_dir = Path(pop_dir)
+    state = read_state(pop_dir)
+    if state.get("format") != FORMAT:
+        raise ConfigError(f"{pop_dir} holds a population of format {state.get('format')}; this jaderl reads format "
+                          f"{FORMAT}")
+    config = PBTSettings(**state["settings"])
+    if generations is not None:
+        config.generations = generations
+        state["settings"]["generations"] = generations
+    parsed = config.validate()
+    if state["generation"] >= config.generations:
+        raise ConfigError(f"{pop_dir} already finished its {config.generations} generations; resume with a larger "
+                          "--generations to train on")
+    return _Controller(pop_dir, config, parsed, state, resume=True).run(address, num_cpus, progress)
+
+
+class _Controller:
+    """Drives the members of one population through its generations (see the module docstring)."""
+
+    def __init__(self, pop_dir: Path, config: PBTSettings, space: Space, state: dict[str, Any], resume: bool) -> None:
+        self.pop_dir, self.config, self.space, self.state, self.resume = pop_dir, config, space, state, resume
+        self.rng = _rng_from_json(state["rng"])
+        self.actors: list[Any] = []
+        self.nodes: list[str] = [""] * config.members
+        self.restarts = [0] * config.members
+
+    def run(self, address: str | None, num_cpus: int | None, progress: Progress | None) -> PBTResult:
+        start = time.perf_counter()
+        with connected(address, num_cpus) as ray:
+            self.ray = ray
+            options = Resources.parse(self.config.resources).options(self.config.members, ray.cluster_resources())
+            self.actor_cls = remote_member(ray, options)
+            try:
+                self.actors = [self._start(k, resume=self.resume) for k in range(self.config.members)]
+                self.nodes = [self._describe(k)["node"] for k in range(self.config.members)]
+                scores = self._generations(progress, start)
+                for actor in self.actors:
+                    ray.get(actor.close.remote())
+            finally:  # Ctrl-C or an error: no actor outlives the population; the checkpoints stay
+                for actor in self.actors:
+                    ray.kill(actor, no_restart=True)
+        best = max(range(len(scores)), key=lambda k: scores[k])
+        best_dir = self.pop_dir / "best"
+        copy_run(self.pop_dir / "members" / f"m{best:02d}", best_dir)
+        return PBTResult(str(self.pop_dir), self.config.generations, best, scores[best], str(best_dir),
+                         round(time.perf_counter() - start, 3))
+
+    def _start(self, k: int, resume: bool) -> Any:
+        settings = self.config.member_settings(k, self.pop_dir)
+        hyperparameters = None if resume else self.state["members"][k]["hyperparameters"]
+        return self.actor_cls.remote(settings, resume, hyperparameters)
+
+    def _describe(self, k: int) -> dict[str, Any]:
+        """Member ``k``'s description, restarting it if its process is gone."""
+        while True:
+            try:
+                info = self.ray.get(self.actors[k].describe.remote())
+                return info
+            except self.ray.exceptions.RayActorError as exc:
+                self._restart(k, exc)
+
+    def _restart(self, k: int, exc: BaseException) -> None:
+        """Start member ``k`` again from its last checkpoint, or give up in one sentence after ``max_restarts``."""
+        self.restarts[k] += 1
+        if self.restarts[k] > self.config.max_restarts:
+            cause = (str(exc).strip().splitlines() or [type(exc).__name__])[-1][:300]
+            raise PopulationError(f"member {k} died {self.restarts[k]} times (last: {cause}); its run directory "
+                                  f"{self.pop_dir / 'members' / f'm{k:02d}'} keeps its last checkpoint, and "
+                                  f"`jaderl pbt --resume {self.pop_dir}` continues the population")
+        self.ray.kill(self.actors[k], no_restart=True)
+        self.actors[k] = self._start(k, resume=True)
+
+    def _train_all(self, target: int) -> list[dict[str, Any]]:
+        """Every member trains to ``target`` env steps side by side; dead members are restarted and train again."""
+        ray = self.ray
+        pending = {self.actors[k].train_until.remote(target): k for k in range(self.config.members)}
+        results: list[dict[str, Any]] = [{}] * self.config.members
+        while pending:
+            [ref], _ = ray.wait(list(pending), num_returns=1)
+            k = pending.pop(ref)
+            try:
+                results[k] = ray.get(ref)
+            except ray.exceptions.RayActorError as exc:  # its process died: continue from its last checkpoint
+                self._restart(k, exc)
+                pending[self.actors[k].train_until.remote(target)] = k
+            except ray.exceptions.RayTaskError as exc:
+                if not isinstance(exc.cause, TrainingError):  # NaN: a copy of a top member replaces it
+                    first = (str(exc.cause).strip().splitlines() or [type(exc.cause).__name__])[0]
+                    raise PopulationError(f"member {k} failed: {first}") from None
+                results[k] = {"steps": target, "score": -math.inf, "stop_reason": "diverged"}
+        return results
+
+    def _generations(self, progress: Progress | None, start: float) -> list[float]:
+        config, state = self.config, self.state
+        first = state["generation"]
+        rows = [r for r in read_rows(self.pop_dir) if int(r["generation"]) < first]
+        write_rows(self.pop_dir, rows)  # rows of a generation the driver did not commit are trained again
+        scores: list[float] = []
+        for g in range(first, config.generations):
+            results = self._train_all((g + 1) * config.period)
+            scores = [r["score"] for r in results]
+            infos = [self._describe(k) for k in range(config.members)]
+            for k in range(config.members):
+                rows.append(csv_row(g, k, state["members"][k]["parent"], results[k]["steps"], scores[k],
+                                    {n: infos[k]["hyperparameters"][n] for n in self.space}, infos[k]["node"]))
+            write_rows(self.pop_dir, rows)
+            parents, explored = list(range(config.members)), {}
+            if g + 1 < config.generations:
+                parents, explored = self._exploit(scores, [info["hyperparameters"] for info in infos])
+            state["members"] = [{"parent": parents[k], "hyperparameters": explored.get(
+                k, {n: infos[k]["hyperparameters"][n] for n in self.space})} for k in range(config.members)]
+            state["generation"], state["rng"] = g + 1, _rng_to_json(self.rng)
+            write_json(self.pop_dir / STATE_JSON, state)  # the generation is committed
+            plot_population(self.pop_dir, f"PBT: {config.algo} on {config.env}, {config.members} members")
+            if progress is not None:
+                progress({"generation": g + 1, "generations": config.generations, "scores": scores,
+                          "best_score": max(scores), "parents": parents, "time_s": time.perf_counter() - start})
+        if not scores:  # nothing left to train: the last generation's scores
+            scores = [float(r["score"]) for r in rows if int(r["generation"]) == config.generations - 1]
+        return scores
+
+    def _exploit(self, scores: list[float], hyperparameters: list[dict[str, float]]
+                 ) -> tuple[list[int], dict[int, dict[str, float]]]:
+        """The bottom quantile copies the top: returns each member's parent for the next generation and the explored
+        hyperparameters of the members that copied."""
+        config, ray = self.config, self.ray
+        ranked = sorted(range(config.members), key=lambda k: scores[k], reverse=True)
+        cut = max(1, int(config.members * config.quantile))
+        top, bottom = ranked[:cut], ranked[-cut:]
+        parents = list(range(config.members))
+        explored: dict[int, dict[str, float]] = {}
+        calls = []
+        for k in bottom:
+            parent = self.rng.choice(top)
+            parents[k] = parent
+            values = explore(self.space, hyperparameters[parent], self.rng, config.resample_probability)
+            explored[k] = values
+            state_ref = self.actors[parent].state.remote(config.copy_buffer)  # stays in the object store
+            calls.append((k, state_ref, values))
+        pending = {self.actors[k].exploit.remote(ref, values): k for k, ref, values in calls}
+        for ref, k in pending.items():
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayActorError as exc:  # the copy happens again after the restart
+                self._restart(k, exc)
+                ref_again = self.actors[parents[k]].state.remote(config.copy_buffer)
+                ray.get(self.actors[k].exploit.remote(ref_again, explored[k]))
+        return parents, explored
+
+
+def _rng_to_json(rng: random.Random) -> list[Any]:
+    version, internal, gauss = rng.getstate()
+    return [version, list(internal), gauss]
+
+
+def _rng_from_json(data: list[Any]) -> random.Random:
+    rng = random.Random()
+    rng.setstate((data[0], tuple(data[1]), data[2]))
+    return rng

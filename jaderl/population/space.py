@@ -1,0 +1,128 @@
+"""A population's search space: where each mutable hyperparameter is sampled from and how it is perturbed.
+
+A space maps hyperparameter names to :class:`Dimension`\\ s. By default it is the algorithm's own
+``Agent.hyperparameters`` (every one, over its whole valid range); a user narrows it with strings such as
+
+    lr=loguniform:1e-4:1e-2      gamma=uniform:0.95:0.999      clip_ratio=choice:0.1:0.2:0.3
+
+Every name must be one of the algorithm's mutable hyperparameters and every range must lie inside its valid range,
+so a bad space is refused in one sentence before any member starts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+from typing import Any
+
+from jaderl.core.agent import Agent, Hyperparameter
+from jaderl.core.config import ConfigError
+
+KINDS = ("loguniform", "uniform", "choice")
+
+
+@dataclasses.dataclass(frozen=True)
+class Dimension:
+    """One hyperparameter's search range: ``uniform`` or ``loguniform`` in ``[low, high]``, or a ``choice`` among
+    ``values``."""
+
+    kind: str
+    low: float = 0.0
+    high: float = 0.0
+    values: tuple[float, ...] = ()
+
+    def sample(self, rng: random.Random) -> float:
+        """A value drawn from the whole range."""
+        if self.kind == "choice":
+            return rng.choice(self.values)
+        if self.kind == "loguniform":
+            return math.exp(rng.uniform(math.log(self.low), math.log(self.high)))
+        return rng.uniform(self.low, self.high)
+
+    def perturb(self, value: float, rng: random.Random, factors: tuple[float, float] = (0.8, 1.2)) -> float:
+        """``value`` nudged: multiplied by one of ``factors`` and kept inside the range (a choice moves to a
+        neighbouring value)."""
+        if self.kind == "choice":
+            i = min(range(len(self.values)), key=lambda k: abs(self.values[k] - value))
+            return self.values[min(max(i + rng.choice((-1, 1)), 0), len(self.values) - 1)]
+        return min(max(value * rng.choice(factors), self.low), self.high)
+
+    def describe(self) -> str:
+        """The dimension as the string :func:`parse_dimension` reads."""
+        bounds = self.values if self.kind == "choice" else (self.low, self.high)
+        return ":".join([self.kind, *(f"{v:g}" for v in bounds)])
+
+
+Space = dict[str, Dimension]
+
+
+def default_space(agent_cls: type[Agent]) -> Space:
+    """Every mutable hyperparameter of ``agent_cls`` over its valid range (log-uniform where it is marked log)."""
+    return {name: Dimension("loguniform" if h.log else "uniform", h.low, h.high)
+            for name, h in agent_cls.hyperparameters.items()}
+
+
+def parse_dimension(name: str, text: str, allowed: Hyperparameter | None) -> Dimension:
+    """Read ``KIND:A:B[:C...]`` for hyperparameter ``name``, checked against its valid range ``allowed``."""
+    kind, *parts = text.split(":")
+    if kind not in KINDS:
+        raise ConfigError(f"{name}={text!r}: unknown distribution {kind!r}; write one of "
+                          f"{', '.join(k + ':...' for k in KINDS)}, e.g. lr=loguniform:1e-4:1e-2")
+    try:
+        numbers = tuple(float(p) for p in parts)
+    except ValueError:
+        raise ConfigError(f"{name}={text!r}: the bounds must be numbers, e.g. {name}={kind}:0.1:0.5") from None
+    if kind == "choice":
+        if not numbers:
+            raise ConfigError(f"{name}={text!r} is an empty choice; list values, e.g. {name}=choice:0.1:0.2")
+        dim = Dimension(kind, min(numbers), max(numbers), tuple(sorted(set(numbers))))
+    else:
+        if len(numbers) != 2:
+            raise ConfigError(f"{name}={text!r}: {kind} takes two bounds, e.g. {name}={kind}:0.1:0.5")
+        if not numbers[0] < numbers[1]:
+            raise ConfigError(f"{name}={text!r} is an empty range: the low bound must be below the high one")
+        if kind == "loguniform" and numbers[0] <= 0:
+            raise ConfigError(f"{name}={text!r}: loguniform needs positive bounds; use uniform for ranges that "
+                              "reach zero")
+        dim = Dimension(kind, *numbers)
+    if allowed is not None and not allowed.low <= dim.low <= dim.high <= allowed.high:
+        raise ConfigError(f"{name}={text!r} reaches outside the valid range of {name}, "
+                          f"[{allowed.low:g}, {allowed.high:g}]")
+    return dim
+
+
+def parse_space(agent_cls: type[Agent], entries: list[str] | dict[str, str] | None) -> Space:
+    """The search space for ``agent_cls``: ``entries`` (``["lr=loguniform:1e-4:1e-2", ...]`` or a dict name ->
+    ``"loguniform:1e-4:1e-2"``), or the algorithm's own :func:`default_space` when there are none."""
+    if not entries:
+        return default_space(agent_cls)
+    pairs: list[tuple[str, str]] = []
+    for entry in entries.items() if isinstance(entries, dict) else entries:
+        if isinstance(entry, tuple):
+            pairs.append(entry)
+            continue
+        name, sep, text = entry.partition("=")
+        if not sep:
+            raise ConfigError(f"--space {entry!r} is not NAME=KIND:LOW:HIGH; write e.g. lr=loguniform:1e-4:1e-2")
+        pairs.append((name.strip(), text.strip()))
+    space: Space = {}
+    mutable = agent_cls.hyperparameters
+    for name, text in pairs:
+        if name not in mutable:
+            raise ConfigError(f"{name} is not a hyperparameter {agent_cls.__name__} can change while it trains, so a "
+                              f"population cannot search it; searchable: {', '.join(mutable)}")
+        space[name] = parse_dimension(name, text, mutable[name])
+    return space
+
+
+def sample(space: Space, rng: random.Random) -> dict[str, float]:
+    """One value per dimension, drawn from its whole range."""
+    return {name: dim.sample(rng) for name, dim in space.items()}
+
+
+def explore(space: Space, values: dict[str, Any], rng: random.Random, resample_probability: float) -> dict[str, float]:
+    """PBT's explore step: each hyperparameter of ``values`` is resampled with ``resample_probability``, otherwise
+    perturbed by a factor of 0.8 or 1.2 (kept inside its range)."""
+    return {name: dim.sample(rng) if rng.random() < resample_probability else dim.perturb(float(values[name]), rng)
+            for name, dim in space.items()}

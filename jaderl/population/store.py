@@ -1,0 +1,153 @@
+"""The population directory on disk: its JSON state (written atomically), population.csv, the plot, the best run.
+
+    POP_DIR/population.json     settings, generations done, each member's lineage, the controller's random state
+    POP_DIR/population.csv      one row per member and generation: generation, member, parent, steps, score,
+                                hyperparameters (JSON), node
+    POP_DIR/population.png      every member's score against env steps; dashed lines mark copies (exploits)
+    POP_DIR/members/mNN/        each member's ordinary run directory (checkpoint, metrics.csv, TensorBoard)
+    POP_DIR/best/               a copy of the best member's run directory (``jaderl eval``, ``jaderl.load``,
+                                ``jaderl train --resume`` accept it)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import json
+import math
+import os
+import re
+import shutil
+from collections.abc import Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from jaderl.core.config import ConfigError
+
+STATE_JSON = "population.json"
+CSV_NAME = "population.csv"
+PLOT_NAME = "population.png"
+CSV_COLUMNS = ["generation", "member", "parent", "steps", "score", "hyperparameters", "node"]
+
+
+def new_population_dir(run_dir: str | None, kind: str, algo: str, env: str, seed: int) -> Path:
+    """A new, empty population directory: ``run_dir``, or ``runs/KIND-ALGO-ENV-sSEED-TIME``; a directory that already
+    holds a population is refused in one sentence."""
+    if not run_dir:
+        stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+        name = re.sub(r"[^\w.-]+", "_", env)[:64]  # ids may hold paths and options
+        run_dir = str(Path("runs") / f"{kind}-{algo}-{name}-s{seed}-{stamp}")
+    path = Path(run_dir)
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"population directory {path} is a file; pick another --run-dir")
+    if path.exists() and any(path.iterdir()):
+        held = "a population; continue it with --resume" if (path / STATE_JSON).exists() else "files; delete them"
+        raise ConfigError(f"population directory {path} already holds {held} or pick another --run-dir")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    """Write ``data`` to ``path`` atomically (a temporary file renamed into place)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    with open(tmp, "rb") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def read_state(pop_dir: str | Path) -> dict[str, Any]:
+    """The population's saved state, or one sentence saying that ``pop_dir`` holds none."""
+    path = Path(pop_dir) / STATE_JSON
+    try:
+        state = json.loads(path.read_text())
+        if not isinstance(state, dict) or "settings" not in state:
+            raise ValueError("no settings")
+        return state
+    except (OSError, ValueError):
+        raise ConfigError(f"{pop_dir} holds no population ({path} is missing or damaged); pass the directory of a "
+                          "population started with `jaderl pbt`") from None
+
+
+def read_rows(pop_dir: Path) -> list[dict[str, str]]:
+    """population.csv's rows (none if it does not exist yet)."""
+    try:
+        with open(pop_dir / CSV_NAME, newline="") as f:
+            return list(csv.DictReader(f))
+    except FileNotFoundError:
+        return []
+
+
+def write_rows(pop_dir: Path, rows: Sequence[dict[str, Any]]) -> None:
+    """Rewrite population.csv with ``rows`` (atomically)."""
+    tmp = pop_dir / (CSV_NAME + ".tmp")
+    with open(tmp, "w", newline="") as f:
+        writer = csv.DictWriter(f, CSV_COLUMNS)
+        writer.writeheader()
+        writer.writerows(rows)
+    os.replace(tmp, pop_dir / CSV_NAME)
+
+
+def csv_row(generation: int, member: int, parent: int, steps: int, score: float, hyperparameters: dict[str, float],
+            node: str) -> dict[str, Any]:
+    return {"generation": generation, "member": member, "parent": parent, "steps": steps,
+            "score": f"{score:.6g}" if math.isfinite(score) else str(score),
+            "hyperparameters": json.dumps({k: float(f"{v:.6g}") for k, v in hyperparameters.items()}), "node": node}
+
+
+def copy_run(source: Path, target: Path) -> None:
+    """Replace ``target`` with a copy of the run directory ``source`` (copied beside it first, then renamed)."""
+    tmp = target.with_name(target.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(source, tmp, ignore=shutil.ignore_patterns("*.tmp", "stop"))
+    old = target.with_name(target.name + ".old")
+    if target.exists():
+        shutil.rmtree(old, ignore_errors=True)
+        target.rename(old)
+    tmp.rename(target)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def plot_population(pop_dir: Path, title: str) -> Path | None:
+    """Draw population.png: each member's scores against env steps; a dashed line from the parent's point marks a
+    member that started the generation from a copy of another. Returns the path (None without matplotlib)."""
+    try:
+        import matplotlib
+    except ImportError:
+        return None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = read_rows(pop_dir)
+    points = {(int(r["generation"]), int(r["member"])): (int(r["steps"]), float(r["score"])) for r in rows}
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    members = sorted({int(r["member"]) for r in rows})
+    colours = plt.cm.tab10.colors  # type: ignore[attr-defined]
+    marked = False
+    for m in members:
+        colour = colours[m % len(colours)]
+        mine = sorted((int(r["generation"]), int(r["parent"])) for r in rows if int(r["member"]) == m)
+        for g, parent in mine:
+            x, y = points[(g, m)]
+            before = points.get((g - 1, parent))
+            if before is None or not all(map(math.isfinite, (*before, y))):
+                continue
+            exploited = parent != m
+            ax.plot([before[0], x], [before[1], y], color=colour, linestyle="--" if exploited else "-", lw=1.2)
+            if exploited:
+                ax.plot(*before, marker="x", color=colour, ms=7, label=None if marked else "copied from (exploit)")
+                marked = True
+        xs = [points[(g, m)] for g, _ in mine if math.isfinite(points[(g, m)][1])]
+        if xs:
+            ax.scatter(*zip(*xs, strict=True), color=colour, s=12, label=f"member {m}")
+    ax.set(xlabel="env steps", ylabel="evaluation return (end of period)", title=title)
+    ax.grid(alpha=0.3)
+    if members:
+        ax.legend(fontsize=7, ncol=2, loc="lower right")
+    fig.tight_layout()
+    path = pop_dir / PLOT_NAME
+    with contextlib.suppress(OSError):
+        fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
