@@ -1,0 +1,401 @@
+"""Train any jaderl algorithm under ``lightning.Trainer.fit`` (``pip install 'jaderl[lightning]'``).
+
+    import lightning as L
+    from jaderl.integrations.lightning import DQN, JaderlModule
+
+    model = JaderlModule("ppo", "jaderl/CartPole-v1", num_envs=8)   # any registered algorithm and env, any setting
+    model = DQN("CartPole-v1")                                      # or a Lightning Bolts name and its first argument
+    L.Trainer(max_epochs=20).fit(model)
+
+:class:`JaderlModule` drives one :class:`jaderl.Trainer <jaderl.core.loop.Trainer>`, so the algorithm runs exactly
+as ``jaderl train`` runs it:
+
+* one training batch is one jaderl iteration (``Trainer.step()``: explore ``horizon`` steps in ``num_envs``
+  sub-envs, store, update); ``global_step`` counts these iterations, so ``max_steps`` bounds them;
+* one epoch is one evaluation period (``eval_every`` env steps); each epoch ends with a deterministic evaluation
+  logged as ``eval_return`` (and ``best_eval_return``), which ``ModelCheckpoint`` and ``EarlyStopping`` can monitor;
+* the update's statistics (``loss/critic`` ...), ``env_steps`` and the training episodes' returns go through
+  ``self.log``, so every Lightning logger records them;
+* the agent owns its optimizers (manual optimization); they are also returned by ``configure_optimizers``;
+* a Lightning checkpoint holds the jaderl run's whole state (networks, optimizers, replay buffer, normalisers,
+  counters, random streams, env state), so ``fit(ckpt_path=...)`` continues it, bit for bit on one device; the run
+  stops by itself at ``total_steps``, ``time_limit`` or ``target_return``, as ``jaderl train`` would;
+* checkpoints are written by :class:`SafetensorsCheckpointIO` (safetensors with a JSON header; nothing is ever
+  unpickled), installed by the module unless the Trainer was given another ``CheckpointIO`` plugin;
+* ``strategy="ddp"`` makes every Lightning process a jaderl data-parallel learner
+  (:class:`jaderl.parallel.ddp.Learners`): each explores its own envs, gradients are averaged at every optimizer
+  step, and process 0 evaluates.
+
+The Lightning Bolts names (``DQN``, ``DoubleDQN``, ``DuelingDQN``, ``NoisyDQN``, ``PERDQN``, ``Reinforce``,
+``VanillaPolicyGradient``, ``AdvantageActorCritic``, ``SAC``) take the env id first; a Gymnasium id with a
+torch-native twin (``CartPole-v1``) trains on the twin (``jaderl/CartPole-v1``). See docs/lightning.md.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils.data import DataLoader, IterableDataset
+
+try:
+    import lightning.pytorch as pl
+    from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+    from lightning.pytorch.plugins.io import CheckpointIO
+except ImportError:  # pragma: no cover - exercised only without the extra
+    raise ImportError("jaderl.integrations.lightning needs Lightning; install it with "
+                      "pip install 'jaderl[lightning]'") from None
+
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
+
+from jaderl.api import ALGOS, make_config
+from jaderl.core.checkpoint import finite_or_raise, flatten, unflatten
+from jaderl.core.config import Config, ConfigError
+from jaderl.core.loop import Trainer
+from jaderl.envs import TORCH_ENVS, make_env
+from jaderl.parallel.ddp import SEED_STRIDE, Learners, learner_config
+
+FORMAT = 1
+"""The layout of a Lightning checkpoint written by :class:`SafetensorsCheckpointIO` (refused on load if another)."""
+METADATA_KEY = "jaderl.lightning"
+"""The safetensors metadata entry holding the checkpoint's JSON skeleton."""
+
+
+class SafetensorsCheckpointIO(CheckpointIO):
+    """Lightning checkpoints as one safetensors file: every tensor of the checkpoint dict is a tensor of the file,
+    and everything else (epochs, loop progress, callback states, hyperparameters) is JSON in the file's metadata.
+    Nothing is pickled, so loading a checkpoint runs no code from it. Values must be tensors, numbers, strings,
+    booleans, None, lists, tuples (read back as lists) or dicts; anything else is refused when saving. Local paths
+    only."""
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: str | os.PathLike[str],
+                        storage_options: Any | None = None) -> None:
+        if storage_options is not None:
+            raise TypeError(f"SafetensorsCheckpointIO takes no storage_options (got {storage_options!r})")
+        tensors: dict[str, torch.Tensor] = {}
+        try:
+            skeleton = flatten(checkpoint, tensors)
+        except TypeError as exc:
+            raise TypeError(f"{exc}; a safetensors checkpoint holds only tensors and JSON values (numbers, strings, "
+                            "lists, dicts)") from None
+        metadata = {METADATA_KEY: json.dumps({"format": FORMAT, "checkpoint": skeleton})}
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        try:  # a complete file or none: a run killed while saving leaves the previous checkpoints readable
+            save_file(tensors, str(tmp), metadata=metadata)
+            os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+
+    def load_checkpoint(self, path: str | os.PathLike[str], map_location: Any | None = None,
+                        weights_only: bool | None = None) -> dict[str, Any]:
+        """The checkpoint dict saved at ``path``, tensors on the CPU (or on ``map_location`` when it names a
+        device); ``weights_only`` is moot, nothing is unpickled."""
+        device = str(map_location) if isinstance(map_location, (str, torch.device)) else "cpu"
+        try:
+            with safe_open(str(path), framework="pt", device=device) as f:
+                header = (f.metadata() or {}).get(METADATA_KEY)
+                tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118
+        except (OSError, SafetensorError) as exc:
+            raise FileNotFoundError(f"{path} is not a readable safetensors checkpoint ({exc}); jaderl reads only "
+                                    "checkpoints written by SafetensorsCheckpointIO and never unpickles a file") from None
+        if header is None:
+            raise ConfigError(f"{path} is a safetensors file but not a Lightning checkpoint of jaderl (no "
+                              f"{METADATA_KEY!r} metadata)")
+        meta = json.loads(header)
+        if meta.get("format") != FORMAT:
+            raise ConfigError(f"{path} holds a checkpoint of format {meta.get('format')}; this jaderl reads format "
+                              f"{FORMAT}")
+        return unflatten(meta["checkpoint"], tensors)
+
+    def remove_checkpoint(self, path: str | os.PathLike[str]) -> None:
+        Path(path).unlink(missing_ok=True)
+
+
+class _Iterations(IterableDataset):
+    """The training "data": one index per jaderl iteration of the current epoch. A resumed epoch yields only the
+    iterations it still owes (its position is the module's ``global_step``)."""
+
+    def __init__(self, module: JaderlModule) -> None:
+        self.module = module
+
+    def __iter__(self) -> Iterator[int]:
+        per_epoch = self.module.iterations_per_epoch
+        return iter(range(self.module.global_step % per_epoch, per_epoch))
+
+
+class JaderlModule(pl.LightningModule):
+    """A LightningModule that trains ``algo`` (a name of :data:`jaderl.api.ALGOS`, single- or multi-agent) on
+    ``env`` (any id :func:`jaderl.envs.make_env` accepts) with config ``settings`` (``num_envs=8``, ``lr=1e-3``,
+    ``total_steps=50_000`` ...); see the module docstring for how batches, epochs, logging, checkpoints and DDP map
+    onto the jaderl run. The run's directory (metrics.csv, best policy, config.yaml) is ``run_dir`` when given
+    (it must be new), else ``jaderl-run`` inside the logger's directory.
+
+    After ``fit`` the trained agent is :attr:`agent` (``agent.predict(obs)`` acts in the env's own action space)."""
+
+    ALGO: ClassVar[str | None] = None
+    """The algorithm a subclass trains (the Bolts names); None: the first argument names it."""
+
+    def __init__(self, algo: str, env: str, **settings: Any) -> None:
+        super().__init__()
+        self.config: Config = make_config(algo, env, **settings)  # refuses a bad name or setting now, not in fit
+        hparams = {"env": env, **settings} if type(self).ALGO is not None else {"algo": algo, "env": env, **settings}
+        self.save_hyperparameters(hparams)
+        self.automatic_optimization = False  # the agent steps its own optimizers, as often as its update says
+        self.jaderl_trainer: Trainer | None = None
+        self.networks: nn.ModuleDict | None = None
+        self.stop_reason = ""
+
+    # --- what fit builds ---
+    @property
+    def agent(self) -> Any:
+        """The jaderl agent being trained (built when ``fit`` starts)."""
+        if self.jaderl_trainer is None:
+            raise RuntimeError("the agent is built when Trainer.fit starts; call fit first")
+        return self.jaderl_trainer.agent
+
+    @property
+    def iterations_per_epoch(self) -> int:
+        """Jaderl iterations per epoch: one evaluation period of ``eval_every`` env steps (all processes counted)."""
+        world = self.trainer.world_size if self._trainer is not None else 1
+        per_iteration = self.config.horizon * self.config.num_envs * world
+        return max(1, math.ceil(self.config.eval_every / per_iteration))
+
+    def setup(self, stage: str) -> None:
+        """Build the jaderl Trainer on Lightning's device (a data-parallel learner under DDP)."""
+        if stage != "fit" or self.jaderl_trainer is not None:
+            return
+        trainer = self.trainer
+        if str(trainer.precision) not in ("32-true", "32"):
+            raise ConfigError(f"Trainer(precision={trainer.precision!r}) does not apply to jaderl agents; leave "
+                              "Lightning's precision at 32 and pass precision='bfloat16' to the module instead")
+        if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:  # Lightning's default: pickles
+            trainer.strategy.checkpoint_io = SafetensorsCheckpointIO()
+        config = self.config.replace(device=str(trainer.strategy.root_device), run_dir=self._run_dir())
+        coordinator = None
+        if trainer.world_size > 1:
+            if not dist.is_available() or not dist.is_initialized():
+                raise ConfigError(f"{type(trainer.strategy).__name__} runs {trainer.world_size} processes without "
+                                  "torch.distributed; use strategy='ddp'")
+            coordinator = Learners()
+            config = learner_config(config, trainer.global_rank)
+            Path(config.run_dir).mkdir(parents=True, exist_ok=True)
+        self.jaderl_trainer = Trainer(config, ALGOS[config.algo].agent_cls, coordinator=coordinator)
+        self.networks = nn.ModuleDict(self.jaderl_trainer.agent.networks())  # seen by summaries, DDP and devices
+
+    def _run_dir(self) -> str:
+        """The jaderl run directory: ``run_dir`` if given, else a new ``jaderl-run`` directory beside the logs (the
+        same on every process)."""
+        trainer = self.trainer
+        chosen = self.config.run_dir
+        if not chosen:
+            base = Path(trainer.log_dir or trainer.default_root_dir) / "jaderl-run"
+            chosen, k = str(base), 2
+            while Path(chosen).exists() and any(Path(chosen).iterdir()):
+                chosen, k = f"{base}-{k}", k + 1
+        return trainer.strategy.broadcast(chosen, src=0)
+
+    def on_train_start(self) -> None:
+        wrapped = self.trainer.strategy.model
+        if isinstance(wrapped, nn.parallel.DistributedDataParallel):
+            # jaderl's Learners average the gradients of every optimizer step (an update may take many), so DDP's
+            # own reducer, which expects one backward pass per forward, stays idle
+            wrapped.require_backward_grad_sync = False
+            wrapped.require_forward_param_sync = False
+
+    def configure_optimizers(self) -> list[torch.optim.Optimizer]:
+        """The agent's own optimizers (for LearningRateMonitor and Lightning's view of the run); they are stepped
+        by the agent's update, never by Lightning."""
+        return list(self.agent.optimizers().values())
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(_Iterations(self), batch_size=None)
+
+    # --- training ---
+    def training_step(self, batch: Any, batch_idx: int) -> None:
+        """One jaderl iteration: explore, store, update; logs the update's statistics and ``env_steps``."""
+        run = self.jaderl_trainer
+        assert run is not None
+        run.step()
+        # logged only on the iterations Lightning writes (log_every_n_steps): a self.log call costs about as much
+        # as a small update
+        if (self.global_step + 1) % self.trainer.log_every_n_steps == 0:
+            self.log_dict({**run.stats, "env_steps": float(run.agent.steps)}, on_step=True, on_epoch=False,
+                          batch_size=1)
+        # global_step counts iterations: the agent steps its optimizers directly, so Lightning's progress is told
+        progress = self.trainer.fit_loop.epoch_loop.manual_optimization.optim_step_progress
+        progress.increment_ready()
+        progress.increment_completed()
+        reason = run.budget_reason()
+        if run.coordinator is not None:
+            reason = run.coordinator.agree(reason)
+        if reason:
+            self.stop_reason = reason
+            self.trainer.should_stop = True
+
+    def on_train_epoch_end(self) -> None:
+        """Evaluate the policy (process 0; the result reaches every process) and log ``eval_return``."""
+        run = self.jaderl_trainer
+        assert run is not None
+        episodes = run.agent.episodes.summary()
+        value = run.evaluate() if run.evaluator is not None else math.nan
+        if run.coordinator is not None:
+            shared = torch.tensor([value, run.best_return], dtype=torch.float64, device=run.device)
+            dist.broadcast(shared, src=0)
+            value, best = shared.tolist()
+        else:
+            best = run.best_return
+        self.log_dict({"eval_return": value, "best_eval_return": best, **episodes}, batch_size=1)
+        target = run.config.target_return
+        if target is not None and value >= target:
+            self.stop_reason = "solved"
+            self.trainer.should_stop = True
+
+    # --- checkpoints ---
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Put the jaderl run's whole state into Lightning's checkpoint."""
+        assert self.jaderl_trainer is not None
+        checkpoint["jaderl"] = self.jaderl_trainer.state_dict()
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Continue the jaderl run of ``checkpoint``. Under DDP every process continues process 0's saved state
+        (networks, optimizers, replay buffer), each with random streams of its own and a fresh start of its envs."""
+        if "jaderl" not in checkpoint:
+            raise ConfigError("this Lightning checkpoint holds no jaderl run (it was not written by JaderlModule)")
+        if self.jaderl_trainer is None:
+            raise RuntimeError("a jaderl checkpoint is loaded by Trainer.fit(model, ckpt_path=...)")
+        state = checkpoint["jaderl"]
+        finite_or_raise(state["agent"]["networks"], "the Lightning checkpoint")
+        rank = self.trainer.global_rank
+        if rank > 0:
+            own_seed = self.config.seed + SEED_STRIDE * rank + int(state["agent"]["counters"]["steps"])
+            generator = torch.Generator().manual_seed(own_seed)
+            state = {**state, "rng": {"torch": generator.get_state(), "cuda": None}, "env": None, "last_obs": None}
+        self.jaderl_trainer.load_state_dict(state)
+
+    def on_fit_end(self) -> None:
+        if self.jaderl_trainer is not None:
+            self.jaderl_trainer.close()
+
+
+def _env_id(env: str) -> str:
+    """A Gymnasium id with a torch-native twin (``CartPole-v1``) becomes the twin's id; others stay as given."""
+    return f"jaderl/{env}" if "/" not in env and f"jaderl/{env}" in TORCH_ENVS else env
+
+
+class _BoltsModule(JaderlModule):
+    """A Lightning Bolts name: ``Name(env, **settings)`` with the env id first. Besides jaderl's settings it takes
+    the Bolts keywords listed in ``BOLTS_KEYWORDS`` under their jaderl names."""
+
+    PRESET: ClassVar[dict[str, Any]] = {}
+    """Settings that make this variant (below the user's own)."""
+    BOLTS_KEYWORDS: ClassVar[dict[str, str]] = {"learning_rate": "lr", "gamma": "gamma", "seed": "seed"}
+
+    def __init__(self, env: str, **settings: Any) -> None:
+        translated = {self.BOLTS_KEYWORDS.get(k, k): v for k, v in settings.items()}
+        super().__init__(self.algo_for(_env_id(env)), _env_id(env), **{**self.PRESET, **translated})
+
+    @classmethod
+    def algo_for(cls, env: str) -> str:
+        """The registered algorithm this name trains on ``env``."""
+        assert cls.ALGO is not None
+        return cls.ALGO
+
+
+_DQN_KEYWORDS = {**_BoltsModule.BOLTS_KEYWORDS, "eps_start": "epsilon_start", "eps_end": "epsilon_end",
+                 "eps_last_frame": "epsilon_decay_steps", "sync_rate": "target_update_every",
+                 "batch_size": "batch_size", "replay_size": "buffer_size", "warm_start_size": "warmup_steps",
+                 "n_steps": "n_step"}
+_PG_KEYWORDS = {**_BoltsModule.BOLTS_KEYWORDS, "lr": "lr", "entropy_beta": "ent_coef", "critic_beta": "vf_coef"}
+
+
+class DQN(_BoltsModule):
+    """Deep Q-Network (jaderl ``dqn``): ``DQN("CartPole-v1")``."""
+
+    ALGO = "dqn"
+    BOLTS_KEYWORDS = _DQN_KEYWORDS
+
+
+class DoubleDQN(_BoltsModule):
+    """Double DQN (jaderl ``double_dqn``)."""
+
+    ALGO = "double_dqn"
+    BOLTS_KEYWORDS = _DQN_KEYWORDS
+
+
+class DuelingDQN(_BoltsModule):
+    """Dueling DQN (jaderl ``dueling_dqn``)."""
+
+    ALGO = "dueling_dqn"
+    BOLTS_KEYWORDS = _DQN_KEYWORDS
+
+
+class NoisyDQN(_BoltsModule):
+    """Noisy DQN (jaderl ``noisy_dqn``: noisy layers explore, epsilon is 0)."""
+
+    ALGO = "noisy_dqn"
+    BOLTS_KEYWORDS = _DQN_KEYWORDS
+
+
+class PERDQN(_BoltsModule):
+    """DQN with prioritized experience replay (jaderl ``dqn`` with ``use_per=True``)."""
+
+    ALGO = "dqn"
+    PRESET = {"use_per": True}
+    BOLTS_KEYWORDS = _DQN_KEYWORDS
+
+
+class Reinforce(_BoltsModule):
+    """REINFORCE, Monte-Carlo policy gradient without a baseline (jaderl ``reinforce``)."""
+
+    ALGO = "reinforce"
+    BOLTS_KEYWORDS = _PG_KEYWORDS
+
+
+class VanillaPolicyGradient(_BoltsModule):
+    """Vanilla policy gradient: REINFORCE with a value baseline and an entropy bonus (jaderl ``vpg``)."""
+
+    ALGO = "vpg"
+    BOLTS_KEYWORDS = _PG_KEYWORDS
+
+
+class AdvantageActorCritic(_BoltsModule):
+    """Synchronous advantage actor-critic (jaderl ``a2c``)."""
+
+    ALGO = "a2c"
+    BOLTS_KEYWORDS = _PG_KEYWORDS
+
+
+class SAC(_BoltsModule):
+    """Soft Actor-Critic: jaderl ``sac`` on continuous actions, ``sac_discrete`` on discrete ones."""
+
+    ALGO = "sac"
+    BOLTS_KEYWORDS = {**_BoltsModule.BOLTS_KEYWORDS, "batch_size": "batch_size", "replay_size": "buffer_size",
+                      "warm_start_size": "warmup_steps", "target_alpha": "tau"}
+
+    @classmethod
+    def algo_for(cls, env: str) -> str:
+        probe = make_env(env, 1)
+        try:
+            return "sac_discrete" if probe.spec.is_discrete else "sac"
+        finally:
+            probe.close()
+
+
+BOLTS_NAMES: dict[str, type[_BoltsModule]] = {
+    cls.__name__: cls for cls in (DQN, DoubleDQN, DuelingDQN, NoisyDQN, PERDQN, Reinforce, VanillaPolicyGradient,
+                                  AdvantageActorCritic, SAC)}
+"""Every Lightning Bolts RL model name and its class here."""
+
+__all__ = ["BOLTS_NAMES", "SAC", "AdvantageActorCritic", "DQN", "DoubleDQN", "DuelingDQN", "JaderlModule", "NoisyDQN",
+           "PERDQN", "Reinforce", "SafetensorsCheckpointIO", "VanillaPolicyGradient"]

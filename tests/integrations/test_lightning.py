@@ -1,0 +1,260 @@
+"""jaderl under ``lightning.Trainer.fit``: metrics reach Lightning's loggers, ``eval_return`` drives ModelCheckpoint
+and EarlyStopping, a run resumed from a (safetensors) Lightning checkpoint continues bit for bit, the Bolts names
+build and train, and ``strategy="ddp"`` trains with two CPU processes."""
+
+from __future__ import annotations
+
+import csv
+import importlib
+import json
+import os
+import pickle
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+pytest.importorskip("lightning")
+
+import lightning as L  # noqa: E402
+from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint  # noqa: E402
+from lightning.pytorch.loggers import CSVLogger  # noqa: E402
+from safetensors import safe_open  # noqa: E402
+
+from jaderl.core.config import Config  # noqa: E402
+from jaderl.integrations.lightning import (  # noqa: E402
+    BOLTS_NAMES,
+    DQN,
+    METADATA_KEY,
+    JaderlModule,
+    SafetensorsCheckpointIO,
+)
+
+pytestmark = [pytest.mark.filterwarnings("ignore::UserWarning"),  # Lightning's tips on workers, loggers, devices
+              pytest.mark.filterwarnings("ignore::DeprecationWarning")]
+
+TINY_DQN: dict[str, Any] = dict(total_steps=600, eval_every=200, eval_episodes=2, warmup_steps=100, batch_size=32,
+                                buffer_size=1_000, hidden=[32, 32], device="cpu", seed=3)
+"""A DQN run on jaderl/CartPole-v1 of 3 epochs (evaluations) of 200 one-step iterations, a few seconds."""
+REPO = Path(__file__).resolve().parents[2]
+
+
+def lightning_trainer(root: Path, **kwargs: Any) -> L.Trainer:
+    """A quiet Lightning Trainer logging to CSV under ``root``."""
+    return L.Trainer(default_root_dir=root, logger=CSVLogger(root, name="logs"), enable_progress_bar=False,
+                     enable_model_summary=False, log_every_n_steps=20, **kwargs)
+
+
+def csv_rows(trainer: L.Trainer) -> list[dict[str, str]]:
+    with open(Path(trainer.logger.log_dir) / "metrics.csv") as f:
+        return list(csv.DictReader(f))
+
+
+def test_fit_logs_metrics_and_stops_at_the_budget(tmp_path: Path) -> None:
+    model = JaderlModule("dqn", "jaderl/CartPole-v1", **TINY_DQN)
+    trainer = lightning_trainer(tmp_path)
+    trainer.fit(model)
+    assert model.stop_reason == "total_steps" and model.agent.steps == 600
+    assert trainer.global_step == 600  # one step per jaderl iteration (one env step each here)
+    assert trainer.current_epoch == 3  # one epoch per evaluation period
+    rows = csv_rows(trainer)
+    evals = [float(r["eval_return"]) for r in rows if r.get("eval_return")]
+    assert len(evals) == 3 and all(1 <= v <= 500 for v in evals)
+    steps = [float(r["env_steps"]) for r in rows if r.get("env_steps")]
+    assert steps == sorted(steps) and len(steps) == 600 // 20
+    assert any(r.get("loss/q") for r in rows), rows[0].keys()  # the update's statistics
+    assert any(r.get("train/episode_return") for r in rows)
+    # the jaderl run directory sits in the logger's: its own metrics.csv records the same evaluations
+    with open(Path(trainer.logger.log_dir) / "jaderl-run" / "metrics.csv") as f:
+        jaderl_evals = [float(r["eval_return_mean"]) for r in csv.DictReader(f)]
+    assert jaderl_evals == pytest.approx(evals)
+
+
+def test_eval_return_drives_model_checkpoint_and_early_stopping(tmp_path: Path) -> None:
+    checkpoint = ModelCheckpoint(dirpath=tmp_path / "ckpt", monitor="eval_return", mode="max", save_top_k=1)
+    stopping = EarlyStopping(monitor="eval_return", mode="max", patience=0)  # stop at the first epoch no better
+    model = JaderlModule("dqn", "jaderl/CartPole-v1", **{**TINY_DQN, "total_steps": 4_000})
+    trainer = lightning_trainer(tmp_path, callbacks=[checkpoint, stopping])
+    trainer.fit(model)
+    evals = [float(r["eval_return"]) for r in csv_rows(trainer) if r.get("eval_return")]
+    stopped_after = next((i for i in range(1, len(evals)) if evals[i] <= max(evals[:i])), None)
+    assert stopped_after is not None and len(evals) == stopped_after + 1 < 20, evals
+    assert float(checkpoint.best_model_score) == max(evals)
+    assert Path(checkpoint.best_model_path).exists()
+
+
+def _params(model: JaderlModule) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.networks.state_dict().items()}
+
+
+@pytest.mark.parametrize("algo", ["dqn", "ppo"])
+def test_resume_from_a_lightning_checkpoint_is_bit_identical(algo: str, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    settings = TINY_DQN | {"use_per": True, "n_step": 2, "total_steps": 10_000} if algo == "dqn" else \
+        dict(num_envs=4, horizon=16, minibatch_size=32, num_epochs=2, hidden=[32, 32], eval_every=128,
+             eval_episodes=2, total_steps=10_000, device="cpu", seed=3, normalize_obs=True)
+    # uninterrupted: three epochs
+    whole = JaderlModule(algo, "jaderl/CartPole-v1", **settings)
+    trainer = lightning_trainer(tmp_path / "whole", max_epochs=3)
+    trainer.fit(whole)
+    whole_rows = csv_rows(trainer)
+    # interrupted: a checkpoint in the middle of the second epoch, then a fresh module and Trainer resume it
+    mid = trainer.global_step // 2  # an iteration inside epoch 1
+    first = JaderlModule(algo, "jaderl/CartPole-v1", **settings)
+    saver = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=mid, save_top_k=-1)
+    trainer = lightning_trainer(tmp_path / "first", max_steps=mid, callbacks=[saver])
+    trainer.fit(first)
+    path = Path(saver.best_model_path or next((tmp_path / "ckpt").iterdir()))
+    with safe_open(str(path), framework="pt") as f:  # the file is safetensors, its JSON in the metadata
+        assert json.loads(f.metadata()[METADATA_KEY])["checkpoint"]["global_step"] == mid
+        assert any(k.startswith("/jaderl/buffer") for k in f.keys())  # noqa: SIM118
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("a checkpoint was unpickled")
+
+    resumed = JaderlModule(algo, "jaderl/CartPole-v1", **settings)
+    trainer = lightning_trainer(tmp_path / "resumed", max_epochs=3)
+    with monkeypatch.context() as m:
+        for module, name in ((pickle, "load"), (pickle, "loads"), (torch, "load")):
+            m.setattr(module, name, refuse)
+        trainer.fit(resumed, ckpt_path=path)
+    assert resumed.agent.steps == whole.agent.steps
+    expected, got = _params(whole), _params(resumed)
+    assert expected.keys() == got.keys()
+    for key in expected:
+        assert torch.equal(expected[key], got[key]), key
+    # the metrics logged after the checkpoint are the same numbers
+    columns = list(whole_rows[0])
+    after = [{c: r[c] for c in columns} for r in whole_rows if r.get("step") and int(r["step"]) >= mid]
+    resumed_rows = [{c: r.get(c, "") for c in columns} for r in csv_rows(trainer)]
+    assert after and after == resumed_rows
+    assert any(r.get("eval_return") for r in resumed_rows)
+
+
+def test_checkpoint_io_round_trip_and_refusals(tmp_path: Path) -> None:
+    io = SafetensorsCheckpointIO()
+    state = {"epoch": 2, "nested": {"w": torch.arange(6.0).view(2, 3), 3: [torch.ones(2, dtype=torch.bool), None]},
+             "score": float("inf"), "name": "x"}
+    io.save_checkpoint(state, tmp_path / "a.ckpt")
+    back = io.load_checkpoint(tmp_path / "a.ckpt")
+    assert back["epoch"] == 2 and back["score"] == float("inf") and back["name"] == "x"
+    assert torch.equal(back["nested"]["w"], state["nested"]["w"]) and back["nested"][3][1] is None
+    with pytest.raises(TypeError, match="safetensors checkpoint holds only"):
+        io.save_checkpoint({"bad": object()}, tmp_path / "b.ckpt")
+    assert not (tmp_path / "b.ckpt").exists() and not (tmp_path / "b.ckpt.tmp").exists()
+    torch.save({"x": 1}, tmp_path / "pickle.ckpt")
+    with pytest.raises(FileNotFoundError, match="never unpickles"):
+        io.load_checkpoint(tmp_path / "pickle.ckpt")
+    io.remove_checkpoint(tmp_path / "a.ckpt")
+    assert not (tmp_path / "a.ckpt").exists()
+
+
+SAC_SETTINGS = dict(warmup_steps=50, batch_size=32, buffer_size=500, hidden=[32, 32], updates_per_step=0.25)
+
+
+@pytest.mark.parametrize("name", list(BOLTS_NAMES))
+def test_every_bolts_name_builds_and_trains(name: str, tmp_path: Path) -> None:
+    env = "Pendulum-v1" if name == "SAC" else "CartPole-v1"
+    cls = BOLTS_NAMES[name]
+    small = dict(total_steps=256, eval_every=128, eval_episodes=1, device="cpu", seed=1)
+    off_policy = name.endswith("DQN") or name == "SAC"
+    extra = dict(SAC_SETTINGS) if off_policy else dict(num_envs=4, horizon=32, hidden=[32, 32])
+    if name.endswith("DQN"):
+        extra.pop("updates_per_step")
+    model = cls(env, **small, **extra)
+    expected = {"DQN": "dqn", "DoubleDQN": "double_dqn", "DuelingDQN": "dueling_dqn", "NoisyDQN": "noisy_dqn",
+                "PERDQN": "dqn", "Reinforce": "reinforce", "VanillaPolicyGradient": "vpg",
+                "AdvantageActorCritic": "a2c", "SAC": "sac"}
+    assert model.config.algo == expected[name]
+    assert model.config.env == f"jaderl/{env}"  # the torch-native twin of the Gymnasium id
+    assert model.config.use_per is (name == "PERDQN") if off_policy else True
+    trainer = lightning_trainer(tmp_path)
+    trainer.fit(model)
+    assert model.agent.steps >= 256 and [r for r in csv_rows(trainer) if r.get("eval_return")]
+    assert model.hparams["env"] == env  # the Bolts signature: the env id first, as given
+
+
+def test_bolts_names_take_bolts_keywords_and_pick_the_sac_variant() -> None:
+    model = DQN("CartPole-v1", learning_rate=1e-3, eps_last_frame=500, sync_rate=7, replay_size=321)
+    config = model.config
+    assert (config.lr, config.epsilon_decay_steps, config.target_update_every, config.buffer_size) == \
+        (1e-3, 500, 7, 321)
+    assert BOLTS_NAMES["SAC"]("CartPole-v1").config.algo == "sac_discrete"
+    assert DQN("Acrobot-v1").config.env == "jaderl/Acrobot-v1"
+    assert DQN("LunarLander-v3").config.env == "LunarLander-v3"  # no torch twin: Gymnasium's own
+
+
+def test_a_missing_lightning_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "lightning.pytorch", None)
+    monkeypatch.delitem(sys.modules, "jaderl.integrations.lightning")
+    with pytest.raises(ImportError, match=r"pip install 'jaderl\[lightning\]'"):
+        importlib.import_module("jaderl.integrations.lightning")
+
+
+DDP_SCRIPT = """
+import json, os, sys, torch
+torch.set_num_threads(1)
+import lightning as L
+from jaderl.integrations.lightning import JaderlModule
+
+out = sys.argv[1]
+model = JaderlModule("ppo", "jaderl/CartPole-v1", num_envs=2, horizon=16, minibatch_size=32, num_epochs=1,
+                     hidden=[16], eval_every=128, eval_episodes=1, total_steps=256, seed=5, run_dir=out + "/run")
+trainer = L.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_epochs=5, logger=False,
+                    enable_progress_bar=False, enable_model_summary=False, default_root_dir=out)
+trainer.fit(model)
+flat = torch.cat([p.detach().flatten() for p in model.networks.parameters()])
+with open(f"{out}/rank{trainer.global_rank}.json", "w") as f:
+    json.dump({"pid": os.getpid(), "steps": model.agent.steps, "params": flat.tolist(),
+               "evaluated": model.jaderl_trainer.evaluator is not None, "epochs": trainer.current_epoch}, f)
+"""
+
+
+def test_ddp_with_two_cpu_processes_trains(tmp_path: Path, no_leftover_processes: None) -> None:
+    script = tmp_path / "ddp_fit.py"
+    script.write_text(textwrap.dedent(DDP_SCRIPT))
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, str(script), str(tmp_path)], cwd=tmp_path, env=env, timeout=240,
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert ranks[0]["steps"] == ranks[1]["steps"] == 256  # both learners' env steps counted
+    assert ranks[0]["params"] == ranks[1]["params"]  # gradients averaged: the same networks on both
+    assert [r["evaluated"] for r in ranks] == [True, False]
+    assert (tmp_path / "run" / "metrics.csv").exists() and (tmp_path / "run" / "learner-1").is_dir()
+    deadline = time.monotonic() + 5
+    for r in ranks:  # the launched process of rank 1 is gone with the launcher
+        while Path(f"/proc/{r['pid']}").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not Path(f"/proc/{r['pid']}").exists()
+
+
+# --- learning (slow) ---
+
+@pytest.mark.slow
+def test_dqn_reaches_475_on_cartpole_under_fit(tmp_path: Path) -> None:
+    """Budget: 50k env steps and 80 s (seed 0 solves in about 18k steps, as tests/algos/test_learning.py's
+    dqn-per-3step case does in jaderl's own loop)."""
+    model = DQN("CartPole-v1", seed=0, use_per=True, n_step=3, total_steps=50_000, eval_every=2_000,
+                target_return=475.0, time_limit=80.0, device="cpu")
+    trainer = lightning_trainer(tmp_path)
+    trainer.fit(model)
+    assert model.stop_reason == "solved", f"best {model.jaderl_trainer.best_return} in {model.agent.steps} steps"
+    assert max(float(r["eval_return"]) for r in csv_rows(trainer) if r.get("eval_return")) >= 475.0
+
+
+@pytest.mark.slow
+def test_ppo_reaches_475_on_cartpole_under_fit(tmp_path: Path) -> None:
+    """Budget: 100k env steps and 60 s (configs/ppo_cartpole.yaml: about 10k-30k steps, a few seconds)."""
+    settings = {k: v for k, v in Config.read_yaml(REPO / "configs" / "ppo_cartpole.yaml").items()
+                if k not in ("target_return", "total_steps")}
+    model = JaderlModule("ppo", "jaderl/CartPole-v1", **settings, seed=0, total_steps=100_000, target_return=475.0,
+                         time_limit=60.0, device="cpu")
+    trainer = lightning_trainer(tmp_path)
+    trainer.fit(model)
+    assert model.stop_reason == "solved", f"best {model.jaderl_trainer.best_return} in {model.agent.steps} steps"
