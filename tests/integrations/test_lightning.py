@@ -178,7 +178,7 @@ def test_every_bolts_name_builds_and_trains(name: str, tmp_path: Path) -> None:
     trainer = lightning_trainer(tmp_path)
     trainer.fit(model)
     assert model.agent.steps >= 256 and [r for r in csv_rows(trainer) if r.get("eval_return")]
-    assert model.hparams["env"] == env  # the Bolts signature: the env id first, as given
+    assert type(model)(**model.hparams).config == model.config  # the hyperparameters rebuild the module
 
 
 def test_bolts_names_take_bolts_keywords_and_pick_the_sac_variant() -> None:
