@@ -108,7 +108,8 @@ class SafetensorsCheckpointIO(CheckpointIO):
                 tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118
         except (OSError, SafetensorError) as exc:
             raise FileNotFoundError(f"{path} is not a readable safetensors checkpoint ({exc}); jaderl reads only "
-                                    "checkpoints written by SafetensorsCheckpointIO and never unpickles a file") from None
+                                    "checkpoints written by SafetensorsCheckpointIO and never unpickles a "
+                                    "file") from None
         if header is None:
             raise ConfigError(f"{path} is a safetensors file but not a Lightning checkpoint of jaderl (no "
                               f"{METADATA_KEY!r} metadata)")
@@ -351,7 +352,7 @@ class PERDQN(_BoltsModule):
     """DQN with prioritized experience replay (jaderl ``dqn`` with ``use_per=True``)."""
 
     ALGO = "dqn"
-    PRESET = {"use_per": True}
+    PRESET: ClassVar[dict[str, Any]] = {"use_per": True}
     BOLTS_KEYWORDS = _DQN_KEYWORDS
 
 
@@ -380,8 +381,9 @@ class SAC(_BoltsModule):
     """Soft Actor-Critic: jaderl ``sac`` on continuous actions, ``sac_discrete`` on discrete ones."""
 
     ALGO = "sac"
-    BOLTS_KEYWORDS = {**_BoltsModule.BOLTS_KEYWORDS, "batch_size": "batch_size", "replay_size": "buffer_size",
-                      "warm_start_size": "warmup_steps", "target_alpha": "tau"}
+    BOLTS_KEYWORDS: ClassVar[dict[str, str]] = {
+        **_BoltsModule.BOLTS_KEYWORDS, "batch_size": "batch_size", "replay_size": "buffer_size",
+        "warm_start_size": "warmup_steps", "target_alpha": "tau"}
 
     @classmethod
     def algo_for(cls, env: str) -> str:
@@ -397,5 +399,17 @@ BOLTS_NAMES: dict[str, type[_BoltsModule]] = {
                                   AdvantageActorCritic, SAC)}
 """Every Lightning Bolts RL model name and its class here."""
 
-__all__ = ["BOLTS_NAMES", "SAC", "AdvantageActorCritic", "DQN", "DoubleDQN", "DuelingDQN", "JaderlModule", "NoisyDQN",
-           "PERDQN", "Reinforce", "SafetensorsCheckpointIO", "VanillaPolicyGradient"]
+__all__ = [
+    "BOLTS_NAMES",
+    "DQN",
+    "PERDQN",
+    "SAC",
+    "AdvantageActorCritic",
+    "DoubleDQN",
+    "DuelingDQN",
+    "JaderlModule",
+    "NoisyDQN",
+    "Reinforce",
+    "SafetensorsCheckpointIO",
+    "VanillaPolicyGradient",
+]

@@ -21,13 +21,13 @@ import torch
 
 pytest.importorskip("lightning")
 
-import lightning as L  # noqa: E402
-from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint  # noqa: E402
-from lightning.pytorch.loggers import CSVLogger  # noqa: E402
-from safetensors import safe_open  # noqa: E402
+import lightning as L
+from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+from lightning.pytorch.loggers import CSVLogger
+from safetensors import safe_open
 
-from jaderl.core.config import Config  # noqa: E402
-from jaderl.integrations.lightning import (  # noqa: E402
+from jaderl.core.config import Config
+from jaderl.integrations.lightning import (
     BOLTS_NAMES,
     DQN,
     METADATA_KEY,
@@ -112,7 +112,7 @@ def test_resume_from_a_lightning_checkpoint_is_bit_identical(algo: str, tmp_path
     path = Path(saver.best_model_path or next((tmp_path / "ckpt").iterdir()))
     with safe_open(str(path), framework="pt") as f:  # the file is safetensors, its JSON in the metadata
         assert json.loads(f.metadata()[METADATA_KEY])["checkpoint"]["global_step"] == mid
-        keys = list(f.keys())  # noqa: SIM118
+        keys = list(f.keys())
     assert any(k.startswith("/jaderl/agent/networks") for k in keys)
     assert any(k.startswith("/jaderl/buffer") for k in keys) or algo == "ppo"  # PPO learns from each rollout once
 
