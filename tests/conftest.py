@@ -20,6 +20,17 @@ TINY_PPO: dict[str, Any] = dict(num_envs=4, horizon=32, minibatch_size=64, num_e
 """A PPO run on jaderl/CartPole-v1 that takes about a second on one CPU thread."""
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Longest first: tests marked ``@pytest.mark.slow(seconds=S)`` (their measured time on one CPU core) run before
+    the others, longest first, so that with one test per CPU (pytest-xdist) no long test starts last while the other
+    CPUs sit idle. The order of everything else is kept."""
+    def expected(item: pytest.Item) -> float:
+        marker = item.get_closest_marker("slow")
+        return float(marker.kwargs.get("seconds", 0)) if marker is not None else 0.0
+
+    items.sort(key=lambda item: -expected(item))
+
+
 @pytest.fixture(autouse=True)
 def one_thread() -> Iterator[None]:
     """Run every test on one torch CPU thread and restore the previous count afterwards."""

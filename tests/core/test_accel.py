@@ -129,7 +129,7 @@ def test_a_missing_cxx_compiler_falls_back_to_eager() -> None:
     assert got == _updates(eager, batches)
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=55)
 @pytest.mark.usefixtures("fresh_dynamo")
 def test_training_with_compile_runs(tmp_path: Path, tiny_ppo: Any) -> None:
     with warnings.catch_warnings(record=True) as caught:

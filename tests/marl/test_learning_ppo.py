@@ -32,6 +32,7 @@ pytestmark = pytest.mark.slow
 ENV = "jaderl/simple_spread"
 
 
+@pytest.mark.slow(seconds=45)
 def test_ippo_reaches_30_percent_better_than_random_within_10_minutes(tmp_path: Path) -> None:
     target, budget_s = -57.0, 600.0
     torch.set_num_threads(1)
@@ -42,6 +43,7 @@ def test_ippo_reaches_30_percent_better_than_random_within_10_minutes(tmp_path: 
     assert result.time_s <= budget_s + 60  # the evaluation that stops it may end past the limit
 
 
+@pytest.mark.slow(seconds=85)
 def test_mappo_reaches_30_percent_better_than_random_within_10_minutes_and_minus_50_within_2m_steps(
         tmp_path: Path) -> None:
     """One run for both MAPPO targets: it trains to -50 and the metrics say when it first passed -57."""
@@ -75,6 +77,7 @@ def goal_fraction(agent: Agent, episodes: int = 200) -> float:
     return float(on_goal.mean())
 
 
+@pytest.mark.slow(seconds=135)
 def test_mappo_brings_the_agents_of_vmas_navigation_to_their_goals(tmp_path: Path) -> None:
     """4 agents, each to its own goal (VMAS's defaults: discrete actions, shared distance-shaping reward, 100-step
     episodes that end once every agent is on its goal). The team return reaches about 16 within 200k steps, while

@@ -29,6 +29,7 @@ TARGET = -57.0  # 30 % better than random (-81)
 BUDGET_S = 600.0  # 10 minutes of one CPU core
 
 
+@pytest.mark.slow(seconds=60)
 @pytest.mark.parametrize("algo", ["qmix", "vdn", "iql"])
 def test_reaches_30_percent_better_than_random_on_simple_spread(algo: str, tmp_path: Path) -> None:
     torch.set_num_threads(1)
