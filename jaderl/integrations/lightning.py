@@ -10,8 +10,9 @@
 :class:`JaderlModule` drives one :class:`jaderl.Trainer <jaderl.core.loop.Trainer>`, so the algorithm runs exactly
 as ``jaderl train`` runs it:
 
-* one training batch is one jaderl iteration (``Trainer.step()``: explore ``horizon`` steps in ``num_envs``
-  sub-envs, store, update); ``global_step`` counts these iterations, so ``max_steps`` bounds them;
+* one training batch is one or more jaderl iterations (``Trainer.step()``: explore ``horizon`` steps in each of
+  ``num_envs`` sub-envs, store, update), enough to explore at least 32 env steps unless ``iterations_per_batch``
+  says; ``global_step`` counts batches, so ``max_steps`` bounds them;
 * one epoch is one evaluation period (``eval_every`` env steps); each epoch ends with a deterministic evaluation
   logged as ``eval_return`` (and ``best_eval_return``), which ``ModelCheckpoint`` and ``EarlyStopping`` can monitor;
 * the update's statistics (``loss/critic`` ...), ``env_steps`` and the training episodes' returns go through
@@ -66,6 +67,8 @@ from jaderl.parallel.ddp import SEED_STRIDE, Learners, learner_config
 FORMAT = 1
 """The layout of a Lightning checkpoint written by :class:`SafetensorsCheckpointIO` (refused on load if another)."""
 METADATA_KEY = "jaderl.lightning"
+MIN_STEPS_PER_BATCH = 32
+"""Unless told otherwise, a training batch runs as many jaderl iterations as explore at least this many env steps."""
 """The safetensors metadata entry holding the checkpoint's JSON skeleton."""
 
 
@@ -123,34 +126,41 @@ class SafetensorsCheckpointIO(CheckpointIO):
         Path(path).unlink(missing_ok=True)
 
 
-class _Iterations(IterableDataset):
-    """The training "data": one index per jaderl iteration of the current epoch. A resumed epoch yields only the
-    iterations it still owes (its position is the module's ``global_step``)."""
+class _Batches(IterableDataset):
+    """The training "data": one index per training batch of the current epoch. A resumed epoch yields only the
+    batches it still owes (its position is the module's ``global_step``)."""
 
     def __init__(self, module: JaderlModule) -> None:
         self.module = module
 
     def __iter__(self) -> Iterator[int]:
-        per_epoch = self.module.iterations_per_epoch
+        per_epoch = self.module.batches_per_epoch
         return iter(range(self.module.global_step % per_epoch, per_epoch))
 
 
 class JaderlModule(pl.LightningModule):
     """A LightningModule that trains ``algo`` (a name of :data:`jaderl.api.ALGOS`, single- or multi-agent) on
     ``env`` (any id :func:`jaderl.envs.make_env` accepts) with config ``settings`` (``num_envs=8``, ``lr=1e-3``,
-    ``total_steps=50_000`` ...); see the module docstring for how batches, epochs, logging, checkpoints and DDP map
-    onto the jaderl run. The run's directory (metrics.csv, best policy, config.yaml) is ``run_dir`` when given
-    (it must be new), else ``jaderl-run`` inside the logger's directory.
+    ``total_steps=50_000`` ...); ``iterations_per_batch`` jaderl iterations make one training batch (None: enough
+    for :data:`MIN_STEPS_PER_BATCH` env steps). See the module docstring for how batches, epochs, logging,
+    checkpoints and DDP map onto the jaderl run. The run's directory (metrics.csv, best policy, config.yaml) is
+    ``run_dir`` when given (it must be new), else ``jaderl-run`` inside the logger's directory.
 
     After ``fit`` the trained agent is :attr:`agent` (``agent.predict(obs)`` acts in the env's own action space)."""
 
     ALGO: ClassVar[str | None] = None
     """The algorithm a subclass trains (the Bolts names); None: the first argument names it."""
 
-    def __init__(self, algo: str, env: str, **settings: Any) -> None:
+    def __init__(self, algo: str, env: str, iterations_per_batch: int | None = None, **settings: Any) -> None:
         super().__init__()
         self.config: Config = make_config(algo, env, **settings)  # refuses a bad name or setting now, not in fit
+        if iterations_per_batch is not None and iterations_per_batch < 1:
+            raise ConfigError(f"iterations_per_batch={iterations_per_batch} is out of range: it must be >= 1 (or "
+                              "None to pick it)")
+        self.requested_iterations_per_batch = iterations_per_batch
         hparams = {"env": env, **settings} if type(self).ALGO is not None else {"algo": algo, "env": env, **settings}
+        if iterations_per_batch is not None:
+            hparams["iterations_per_batch"] = iterations_per_batch
         self.save_hyperparameters(hparams)
         self.automatic_optimization = False  # the agent steps its own optimizers, as often as its update says
         self.jaderl_trainer: Trainer | None = None
@@ -166,11 +176,24 @@ class JaderlModule(pl.LightningModule):
         return self.jaderl_trainer.agent
 
     @property
-    def iterations_per_epoch(self) -> int:
-        """Jaderl iterations per epoch: one evaluation period of ``eval_every`` env steps (all processes counted)."""
+    def env_steps_per_iteration(self) -> int:
+        """Env steps one jaderl iteration explores, all processes counted."""
         world = self.trainer.world_size if self._trainer is not None else 1
-        per_iteration = self.config.horizon * self.config.num_envs * world
-        return max(1, math.ceil(self.config.eval_every / per_iteration))
+        return self.config.horizon * self.config.num_envs * world
+
+    @property
+    def iterations_per_batch(self) -> int:
+        """Jaderl iterations per training batch: as given, else as many as explore at least
+        :data:`MIN_STEPS_PER_BATCH` env steps (Lightning's fixed cost per training step is then small beside
+        them)."""
+        if self.requested_iterations_per_batch is not None:
+            return self.requested_iterations_per_batch
+        return max(1, math.ceil(MIN_STEPS_PER_BATCH / self.env_steps_per_iteration))
+
+    @property
+    def batches_per_epoch(self) -> int:
+        """Training batches per epoch: one evaluation period of ``eval_every`` env steps."""
+        return max(1, math.ceil(self.config.eval_every / (self.env_steps_per_iteration * self.iterations_per_batch)))
 
     def setup(self, stage: str) -> None:
         """Build the jaderl Trainer on Lightning's device (a data-parallel learner under DDP)."""
@@ -220,29 +243,32 @@ class JaderlModule(pl.LightningModule):
         return list(self.agent.optimizers().values())
 
     def train_dataloader(self) -> DataLoader:
-        return DataLoader(_Iterations(self), batch_size=None)
+        return DataLoader(_Batches(self), batch_size=None)
 
     # --- training ---
     def training_step(self, batch: Any, batch_idx: int) -> None:
-        """One jaderl iteration: explore, store, update; logs the update's statistics and ``env_steps``."""
+        """:attr:`iterations_per_batch` jaderl iterations (explore, store, update) or fewer when the run's budget is
+        reached; logs the latest update's statistics and ``env_steps``."""
         run = self.jaderl_trainer
         assert run is not None
-        run.step()
-        # logged only on the iterations Lightning writes (log_every_n_steps): a self.log call costs about as much
-        # as a small update
+        for _ in range(self.iterations_per_batch):
+            run.step()
+            reason = run.budget_reason()
+            if run.coordinator is not None:
+                reason = run.coordinator.agree(reason)
+            if reason:
+                self.stop_reason = reason
+                self.trainer.should_stop = True
+                break
+        # logged only on the batches Lightning writes (log_every_n_steps): a self.log call costs about as much as
+        # a small update
         if (self.global_step + 1) % self.trainer.log_every_n_steps == 0:
             self.log_dict({**run.stats, "env_steps": float(run.agent.steps)}, on_step=True, on_epoch=False,
                           batch_size=1)
-        # global_step counts iterations: the agent steps its optimizers directly, so Lightning's progress is told
+        # global_step counts batches: the agent steps its optimizers directly, so Lightning's progress is told
         progress = self.trainer.fit_loop.epoch_loop.manual_optimization.optim_step_progress
         progress.increment_ready()
         progress.increment_completed()
-        reason = run.budget_reason()
-        if run.coordinator is not None:
-            reason = run.coordinator.agree(reason)
-        if reason:
-            self.stop_reason = reason
-            self.trainer.should_stop = True
 
     def on_train_epoch_end(self) -> None:
         """Evaluate the policy (process 0; the result reaches every process) and log ``eval_return``."""

@@ -47,7 +47,7 @@ REPO = Path(__file__).resolve().parents[2]
 def lightning_trainer(root: Path, **kwargs: Any) -> L.Trainer:
     """A quiet Lightning Trainer logging to CSV under ``root``."""
     return L.Trainer(default_root_dir=root, logger=CSVLogger(root, name="logs"), enable_progress_bar=False,
-                     enable_model_summary=False, log_every_n_steps=20, **kwargs)
+                     enable_model_summary=False, log_every_n_steps=5, **kwargs)
 
 
 def csv_rows(trainer: L.Trainer) -> list[dict[str, str]]:
@@ -60,13 +60,15 @@ def test_fit_logs_metrics_and_stops_at_the_budget(tmp_path: Path) -> None:
     trainer = lightning_trainer(tmp_path)
     trainer.fit(model)
     assert model.stop_reason == "total_steps" and model.agent.steps == 600
-    assert trainer.global_step == 600  # one step per jaderl iteration (one env step each here)
+    # a batch is 32 one-step iterations; an epoch 7 batches (>= eval_every env steps), the last one cut at the budget
+    assert model.iterations_per_batch == 32 and model.batches_per_epoch == 7
+    assert trainer.global_step == 7 + 7 + 5
     assert trainer.current_epoch == 3  # one epoch per evaluation period
     rows = csv_rows(trainer)
     evals = [float(r["eval_return"]) for r in rows if r.get("eval_return")]
     assert len(evals) == 3 and all(1 <= v <= 500 for v in evals)
     steps = [float(r["env_steps"]) for r in rows if r.get("env_steps")]
-    assert steps == sorted(steps) and len(steps) == 600 // 20
+    assert sorted(set(steps)) == [32.0 * 5, 32.0 * 10, 32.0 * 15]  # every log_every_n_steps=5 batches
     assert any(r.get("loss/q") for r in rows), rows[0].keys()  # the update's statistics
     assert any(r.get("train/episode_return") for r in rows)
     # the jaderl run directory sits in the logger's: its own metrics.csv records the same evaluations

@@ -1,0 +1,107 @@
+"""What training under ``lightning.Trainer.fit`` costs against jaderl's own loop, side by side in one run.
+
+Usage (from the repository root)::
+
+    .venv/bin/python benchmarks/lightning_overhead.py [--repeats 2] [--cases ppo,dqn]
+
+Each case trains the same algorithm with the same settings, seed and env-step budget twice per repeat: with
+``jaderl.train`` (jaderl's loop: evaluations every ``eval_every`` steps, metrics.csv, one checkpoint at the end) and
+with :class:`jaderl.integrations.lightning.JaderlModule` under ``lightning.Trainer.fit`` (a CSVLogger, the default
+ModelCheckpoint writing a safetensors checkpoint after every evaluation, no progress bar). The two alternate, one
+CPU thread each, and the wall time of the whole call (set-up included) is compared by the median of the repeats.
+The cases are the two ends of the per-iteration work: PPO takes 256 env steps and 20 epochs of minibatches per
+iteration; DQN takes one env step and half a gradient step per iteration, so Lightning's fixed cost per training
+step weighs most there. The table goes to the ``## lightning_overhead`` section of benchmarks/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+from results_md import write_section
+
+SECTION = "## lightning_overhead"
+REPO = Path(__file__).resolve().parents[1]
+CASES: dict[str, tuple[str, dict[str, Any]]] = {
+    # configs/ppo_cartpole.yaml's settings, a fixed budget and no target (both runs do the same work)
+    "ppo": ("ppo", {"num_envs": 8, "horizon": 32, "lr": 1e-3, "num_epochs": 20, "minibatch_size": 256,
+                    "gamma": 0.98, "gae_lambda": 0.8, "total_steps": 51_200, "eval_every": 10_240}),
+    # DQN's defaults on the same env
+    "dqn": ("dqn", {"total_steps": 10_000, "eval_every": 2_000}),
+}
+TARGET_OVERHEAD = 0.10
+
+
+def run_jaderl(algo: str, settings: dict[str, Any], tmp: str) -> float:
+    import jaderl
+
+    start = time.perf_counter()
+    jaderl.train(algo, "jaderl/CartPole-v1", run_dir=f"{tmp}/jaderl", device="cpu", seed=0, **settings)
+    return time.perf_counter() - start
+
+
+def run_lightning(algo: str, settings: dict[str, Any], tmp: str) -> float:
+    import lightning as L
+    from lightning.pytorch.loggers import CSVLogger
+
+    from jaderl.integrations.lightning import JaderlModule
+
+    start = time.perf_counter()
+    model = JaderlModule(algo, "jaderl/CartPole-v1", device="cpu", seed=0, **settings)
+    trainer = L.Trainer(default_root_dir=tmp, logger=CSVLogger(tmp), enable_progress_bar=False,
+                        enable_model_summary=False)
+    trainer.fit(model)
+    elapsed = time.perf_counter() - start
+    assert model.agent.steps >= settings["total_steps"]
+    return elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--cases", default=",".join(CASES))
+    args = parser.parse_args()
+    import logging
+
+    import torch
+
+    torch.set_num_threads(1)
+    warnings.simplefilter("ignore")
+    logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
+    rows = []
+    for name in args.cases.split(","):
+        algo, settings = CASES[name]
+        times: dict[str, list[float]] = {"jaderl": [], "lightning": []}
+        for repeat in range(args.repeats):
+            for kind, run in (("jaderl", run_jaderl), ("lightning", run_lightning)):
+                with tempfile.TemporaryDirectory() as tmp:
+                    times[kind].append(run(algo, settings, tmp))
+                print(f"{name} repeat {repeat}: {kind} {times[kind][-1]:.2f} s", flush=True)
+        own, lightning = statistics.median(times["jaderl"]), statistics.median(times["lightning"])
+        overhead = lightning / own - 1
+        rows.append(f"| {name} | `{settings}` | {own:.2f} | {lightning:.2f} | {lightning / own:.3f} "
+                    f"| {'yes' if overhead <= TARGET_OVERHEAD else 'no'} |")
+        print(f"{name}: jaderl {own:.2f} s, Lightning {lightning:.2f} s, ratio {lightning / own:.3f}", flush=True)
+    command = " ".join([".venv/bin/python", "benchmarks/lightning_overhead.py", *sys.argv[1:]])
+    section = "\n".join([
+        SECTION, "", f"Command: `{command}`  ", f"Date: {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC  ",
+        "Task: the same algorithm, settings, seed 0 and env-step budget on `jaderl/CartPole-v1`, trained by "
+        "`jaderl.train` and by `JaderlModule` under `lightning.Trainer.fit` (CSVLogger, default ModelCheckpoint, no "
+        f"progress bar), alternating, one CPU thread each, median of {args.repeats} repeats of the whole call's wall "
+        f"time. Target: at most {TARGET_OVERHEAD:.0%} overhead.", "",
+        "| case | settings | jaderl loop (s) | Lightning fit (s) | ratio | within 10 % |", "|---|---|---|---|---|---|",
+        *rows, ""])
+    print(section)
+    write_section(SECTION, section)
+
+
+if __name__ == "__main__":
+    main()
