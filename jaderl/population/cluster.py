@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import socket
 from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
@@ -73,6 +74,22 @@ class Resources:
         return {"num_cpus": cpu, "num_gpus": self.gpu}
 
 
+def check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """Refuse in one sentence a cluster ``address`` (``host:port`` or ``ray://host:port``) that does not answer
+    within ``timeout_s`` (Ray itself keeps retrying for minutes); ``auto`` and ``local`` are left to Ray."""
+    if address in ("auto", "local"):
+        return
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not port.isdigit():
+        raise ConfigError(f"--address {address!r} is not host:port (the head node's GCS port, 6379 by default) or "
+                          "ray://host:10001")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        raise ConfigError(f"the Ray cluster at {address} does not answer ({exc.strerror or exc}); start it with "
+                          "`ray start --head` or check the address and the firewall") from None
+
+
 @contextlib.contextmanager
 def connected(address: str | None = None, num_cpus: int | None = None) -> Iterator[Any]:
     """Ray for the block: join ``address`` (or ``RAY_ADDRESS``), reuse a Ray this process already started, or start a
@@ -82,6 +99,8 @@ def connected(address: str | None = None, num_cpus: int | None = None) -> Iterat
         yield ray
         return
     address = address or os.environ.get("RAY_ADDRESS") or None
+    if address:
+        check_reachable(address)
     try:
         if address:
             ray.init(address=address, log_to_driver=False)

@@ -2,8 +2,8 @@
 
 The member trains to a step target (``run(steps=...)``), reports the evaluation its period ended with, gives its whole
 state (``state_dict()``) to the object store, and takes another member's state and new hyperparameters
-(``load_state_dict()`` and ``set_hyperparameters()``). It checkpoints into its own run directory at creation and at
-every period's end, so a member whose process dies is restarted from its last state, and the population directory
+(``load_state_dict()`` and ``set_hyperparameters()``). It checkpoints into its own run directory at every period's end
+and after every copy, so a member whose process dies is restarted from its last state, and the population directory
 always holds every member as an ordinary run directory.
 
 :class:`Member` is a plain class; :func:`remote_member` makes it a Ray actor class (Ray is imported only then).
@@ -13,25 +13,31 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 import socket
+from pathlib import Path
 from typing import Any
 
 from jaderl.api import ALGOS, make_config
+from jaderl.core.checkpoint import CHECKPOINT_JSON
 from jaderl.core.loop import Trainer
 
 
 class Member:
     """One member: a Trainer built from ``settings`` (a config as a dict, naming its ``algo``, ``env`` and
-    ``run_dir``), continued from the checkpoint in that directory when ``resume``, and given ``hyperparameters``."""
+    ``run_dir``). It continues from the checkpoint in that directory when there is one (a restarted member, a resumed
+    population); otherwise it starts afresh there with ``hyperparameters``, clearing what a member that died before
+    its first period's end left behind."""
 
-    def __init__(self, settings: dict[str, Any], resume: bool = False,
-                 hyperparameters: dict[str, float] | None = None) -> None:
+    def __init__(self, settings: dict[str, Any], hyperparameters: dict[str, float] | None = None) -> None:
         config = make_config(**settings)
+        run_dir = Path(config.run_dir)
+        resume = (run_dir / CHECKPOINT_JSON).exists()
+        if not resume and run_dir.exists():
+            shutil.rmtree(run_dir)
         self.trainer = Trainer(config, ALGOS[config.algo].agent_cls, resume=resume)
-        if hyperparameters:
+        if hyperparameters and not resume:
             self.trainer.set_hyperparameters(**hyperparameters)
-        if not resume or hyperparameters:
-            self.trainer.checkpoint()  # a restarted member always finds a state to continue
 
     def describe(self) -> dict[str, Any]:
         """Where it runs and what it is: env steps, mutable hyperparameters, run directory, host, Ray node, process."""

@@ -132,13 +132,15 @@ def pbt(algo: str, env: str, *, members: int = 8, period: int = 20_000, generati
     config = PBTSettings(algo, env, members, period, generations, seed, dict(entries or {}), quantile,
                          resample_probability, copy_buffer, resources, max_restarts, settings)
     parsed = config.validate()
-    pop_dir = new_population_dir(run_dir, "pbt", algo, env, seed)
-    rng = random.Random(seed)
-    state = {"format": FORMAT, "settings": dataclasses.asdict(config), "generation": 0,
-             "members": [{"parent": k, "hyperparameters": sample(parsed, rng)} for k in range(members)]}
-    state["rng"] = _rng_to_json(rng)
-    write_json(pop_dir / STATE_JSON, state)
-    return _Controller(pop_dir, config, parsed, state, resume=False).run(address, num_cpus, progress)
+    with connected(address, num_cpus) as ray:  # an address that does not answer, or too few resources: no directory
+        options = Resources.parse(resources).options(members, ray.cluster_resources())
+        pop_dir = new_population_dir(run_dir, "pbt", algo, env, seed)
+        rng = random.Random(seed)
+        state = {"format": FORMAT, "settings": dataclasses.asdict(config), "generation": 0,
+                 "members": [{"parent": k, "hyperparameters": sample(parsed, rng)} for k in range(members)]}
+        state["rng"] = _rng_to_json(rng)
+        write_json(pop_dir / STATE_JSON, state)
+        return _Controller(pop_dir, config, parsed, state).run(ray, options, progress)
 
 
 def resume_pbt(pop_dir: str | Path, *, generations: int | None = None, address: str | None = None,
@@ -158,44 +160,42 @@ def resume_pbt(pop_dir: str | Path, *, generations: int | None = None, address: 
     if state["generation"] >= config.generations:
         raise ConfigError(f"{pop_dir} already finished its {config.generations} generations; resume with a larger "
                           "--generations to train on")
-    return _Controller(pop_dir, config, parsed, state, resume=True).run(address, num_cpus, progress)
+    with connected(address, num_cpus) as ray:
+        options = Resources.parse(config.resources).options(config.members, ray.cluster_resources())
+        return _Controller(pop_dir, config, parsed, state).run(ray, options, progress)
 
 
 class _Controller:
     """Drives the members of one population through its generations (see the module docstring)."""
 
-    def __init__(self, pop_dir: Path, config: PBTSettings, space: Space, state: dict[str, Any], resume: bool) -> None:
-        self.pop_dir, self.config, self.space, self.state, self.resume = pop_dir, config, space, state, resume
+    def __init__(self, pop_dir: Path, config: PBTSettings, space: Space, state: dict[str, Any]) -> None:
+        self.pop_dir, self.config, self.space, self.state = pop_dir, config, space, state
         self.rng = _rng_from_json(state["rng"])
         self.actors: list[Any] = []
-        self.nodes: list[str] = [""] * config.members
         self.restarts = [0] * config.members
 
-    def run(self, address: str | None, num_cpus: int | None, progress: Progress | None) -> PBTResult:
+    def run(self, ray: Any, options: dict[str, float], progress: Progress | None) -> PBTResult:
+        """Train the remaining generations on ``ray`` with members holding ``options``; copy the best member."""
         start = time.perf_counter()
-        with connected(address, num_cpus) as ray:
-            self.ray = ray
-            options = Resources.parse(self.config.resources).options(self.config.members, ray.cluster_resources())
-            self.actor_cls = remote_member(ray, options)
-            try:
-                self.actors = [self._start(k, resume=self.resume) for k in range(self.config.members)]
-                self.nodes = [self._describe(k)["node"] for k in range(self.config.members)]
-                scores = self._generations(progress, start)
-                for actor in self.actors:
-                    ray.get(actor.close.remote())
-            finally:  # Ctrl-C or an error: no actor outlives the population; the checkpoints stay
-                for actor in self.actors:
-                    ray.kill(actor, no_restart=True)
+        self.ray, self.actor_cls = ray, remote_member(ray, options)
+        try:
+            self.actors = [self._start(k) for k in range(self.config.members)]
+            scores = self._generations(progress, start)
+            for actor in self.actors:
+                ray.get(actor.close.remote())
+        finally:  # Ctrl-C or an error: no actor outlives the population; the checkpoints stay
+            for actor in self.actors:
+                ray.kill(actor, no_restart=True)
         best = max(range(len(scores)), key=lambda k: scores[k])
         best_dir = self.pop_dir / "best"
         copy_run(self.pop_dir / "members" / f"m{best:02d}", best_dir)
         return PBTResult(str(self.pop_dir), self.config.generations, best, scores[best], str(best_dir),
                          round(time.perf_counter() - start, 3))
 
-    def _start(self, k: int, resume: bool) -> Any:
+    def _start(self, k: int) -> Any:
+        """Member ``k`` from its checkpoint, or afresh with its sampled hyperparameters when it has none yet."""
         settings = self.config.member_settings(k, self.pop_dir)
-        hyperparameters = None if resume else self.state["members"][k]["hyperparameters"]
-        return self.actor_cls.remote(settings, resume, hyperparameters)
+        return self.actor_cls.remote(settings, self.state["members"][k]["hyperparameters"])
 
     def _describe(self, k: int) -> dict[str, Any]:
         """Member ``k``'s description, restarting it if its process is gone."""
@@ -215,7 +215,7 @@ class _Controller:
                                   f"{self.pop_dir / 'members' / f'm{k:02d}'} keeps its last checkpoint, and "
                                   f"`jaderl pbt --resume {self.pop_dir}` continues the population")
         self.ray.kill(self.actors[k], no_restart=True)
-        self.actors[k] = self._start(k, resume=True)
+        self.actors[k] = self._start(k)
 
     def _train_all(self, target: int) -> list[dict[str, Any]]:
         """Every member trains to ``target`` env steps side by side; dead members are restarted and train again."""

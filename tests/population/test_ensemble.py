@@ -1,0 +1,101 @@
+"""Fusion of finished runs and ensembles (jaderl.population.ensemble, ``jaderl fuse``); no Ray needed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from jaderl import api
+from jaderl.cli import main
+from jaderl.core.checkpoint import load_checkpoint
+from jaderl.population import Ensemble, fuse_runs
+
+ENV = "jaderl/CartPole-v1"
+
+
+@pytest.fixture(scope="module")
+def two_runs(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    """Two tiny PPO runs on CartPole with different seeds (about a second each)."""
+    root = tmp_path_factory.mktemp("runs")
+    torch.set_num_threads(1)
+    settings = dict(num_envs=4, horizon=32, minibatch_size=64, num_epochs=2, hidden=[16, 16], eval_every=256,
+                    checkpoint_every=256, eval_episodes=2, total_steps=256, device="cpu")
+    return [Path(api.train("ppo", ENV, seed=seed, run_dir=str(root / f"s{seed}"), **settings).run_dir)
+            for seed in (1, 2)]
+
+
+def test_fused_run_holds_the_mean_of_the_runs(two_runs: list[Path], tmp_path: Path) -> None:
+    report = fuse_runs(two_runs, tmp_path / "fused")
+    a, b, fused = (load_checkpoint(d, part="agent") for d in (*two_runs, tmp_path / "fused"))
+    for name, tensor in fused["networks"]["actor"].items():
+        torch.testing.assert_close(tensor, (a["networks"]["actor"][name] + b["networks"]["actor"][name]) / 2)
+    adam = fused["optimizers"]["optimizer"]["state"][0]["exp_avg_sq"]
+    torch.testing.assert_close(adam, (a["optimizers"]["optimizer"]["state"][0]["exp_avg_sq"]
+                                      + b["optimizers"]["optimizer"]["state"][0]["exp_avg_sq"]) / 2)
+    assert not torch.equal(a["networks"]["actor"]["net.0.weight"], b["networks"]["actor"]["net.0.weight"])
+    # an ordinary run directory: evaluated once (its own row), loadable, resumable
+    rows = (tmp_path / "fused" / "metrics.csv").read_text().splitlines()
+    assert len(rows) == 2 and float(rows[1].split(",")[2]) == pytest.approx(report["eval_return"])
+    agent = api.load(tmp_path / "fused", best=False)
+    torch.testing.assert_close(agent.actor.state_dict()["net.0.weight"], fused["networks"]["actor"]["net.0.weight"])
+    assert api.resume(tmp_path / "fused", total_steps=384).steps >= 384
+
+
+def test_fuse_refuses_runs_of_other_settings(two_runs: list[Path], tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    other = api.train("ppo", ENV, seed=3, run_dir=str(tmp_path / "wide"), num_envs=4, horizon=32, minibatch_size=64,
+                      num_epochs=2, hidden=[32, 32], eval_every=256, eval_episodes=2, total_steps=128, device="cpu")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fuse", str(two_runs[0]), other.run_dir, "--out", str(tmp_path / "out")])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert "hidden=[32, 32]" in err and "same settings" in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "out").exists()
+
+
+def test_fuse_command_prints_json(two_runs: list[Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["fuse", *map(str, two_runs), "--out", str(tmp_path / "f"), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert report["run_dir"] == str(tmp_path / "f") and len(report["fused"]) == 2
+    assert api.evaluate(tmp_path / "f", episodes=2)["episodes"] == 2
+
+
+class _Fixed:
+    """A stand-in agent that always takes the same action (the ensemble only calls act / predict)."""
+
+    def __init__(self, action: Any, discrete: bool, agent: Any) -> None:
+        self.action, self.is_discrete = action, discrete
+        self.config, self.spec, self.device, self.action_dim = agent.config, agent.spec, agent.device, 3
+
+    def act(self, obs: torch.Tensor, deterministic: bool = True) -> torch.Tensor:
+        return torch.as_tensor(self.action).expand(obs.shape[0], *np.shape(self.action)).clone()
+
+    def predict(self, obs: Any, deterministic: bool = True) -> np.ndarray:
+        return self.act(torch.as_tensor(obs)[None])[0].numpy()
+
+
+@pytest.mark.parametrize(("actions", "discrete", "expected"), [
+    ([0, 2, 2], True, 2),        # majority
+    ([1, 0, 2], True, 0),        # a tie goes to the smaller index
+    ([[0.5, -1.0], [1.0, 0.0], [0.0, 0.4]], False, [0.5, -0.2]),  # continuous: the mean
+])
+def test_ensemble_combines_actions(two_runs: list[Path], actions: list[Any], discrete: bool, expected: Any) -> None:
+    base = api.load(two_runs[0])
+    dtype = torch.int64 if discrete else torch.float32
+    ensemble = Ensemble([_Fixed(torch.tensor(a, dtype=dtype), discrete, base) for a in actions])  # type: ignore[misc]
+    out = ensemble.act(torch.zeros(5, 4))
+    assert out.shape[0] == 5
+    torch.testing.assert_close(out[0].float(), torch.tensor(expected, dtype=torch.float32))
+    np.testing.assert_allclose(ensemble.predict(np.zeros(4, np.float32)), expected, rtol=1e-6)
+
+
+def test_ensemble_of_runs_evaluates(two_runs: list[Path]) -> None:
+    ensemble = Ensemble.from_runs(two_runs)
+    report = ensemble.evaluate(episodes=3)
+    assert report["episodes"] == 3 and report["mean"] >= 1  # CartPole: every step is worth 1
+    assert ensemble.predict(np.zeros(4, np.float32)) in (0, 1)

@@ -1,0 +1,242 @@
+"""PBT on Ray (jaderl.population.pbt): exploit copies through the object store, population.csv and lineage, restarts
+of a member killed mid-period, resume after the driver stops, Ctrl-C-free clean-up, one-sentence refusals.
+
+One local Ray (2 CPUs, no dashboard) serves the whole module; it is shut down at the end and no process stays.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import io
+import json
+import math
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from jaderl import api
+from jaderl.cli import main
+from jaderl.core.config import ConfigError
+from jaderl.population import pbt, resume_pbt
+from jaderl.population.member import Member
+
+ray = pytest.importorskip("ray")
+
+ENV = "jaderl/CartPole-v1"
+TINY: dict[str, Any] = dict(num_envs=4, horizon=32, minibatch_size=64, num_epochs=2, hidden=[16, 16],
+                            eval_episodes=2, device="cpu")
+
+
+@pytest.fixture(scope="module")
+def local_ray() -> Iterator[None]:
+    """One local Ray for the module (starting one takes about 10 s); afterwards no Ray process is left."""
+    from tests.conftest import _descendants
+
+    before = set(_descendants())
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+    deadline = time.monotonic() + 15
+    while (left := {p: c for p, (_, c) in _descendants().items() if p not in before and "ray" in c}) \
+            and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not left, f"Ray processes left behind: {left}"
+
+
+def _rows(pop_dir: Path) -> list[dict[str, str]]:
+    with open(pop_dir / "population.csv", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_exploit_copies_the_whole_state_and_sets_the_new_hyperparameters(tmp_path: Path) -> None:
+    """A Member (no Ray): after exploit it holds its parent's networks, optimizer states and counters, its own random
+    streams, and the explored learning rate in its optimizer and config.yaml."""
+    settings = dict(TINY, algo="ppo", env=ENV, total_steps=10_000)
+    parent = Member({**settings, "seed": 1, "run_dir": str(tmp_path / "a")}, hyperparameters={"lr": 1e-3})
+    child = Member({**settings, "seed": 2, "run_dir": str(tmp_path / "b")}, hyperparameters={"lr": 3e-3})
+    parent.train_until(256)
+    child.train_until(256)
+    child_rng = child.trainer.rng[0].clone()
+    child.exploit(parent.state(), {"lr": 1.2e-3})
+    for name, tensor in parent.trainer.agent.actor.state_dict().items():
+        assert torch.equal(tensor, child.trainer.agent.actor.state_dict()[name])
+    adam_p = parent.trainer.agent.optimizers()["optimizer"].state_dict()["state"][0]["exp_avg"]
+    adam_c = child.trainer.agent.optimizers()["optimizer"].state_dict()["state"][0]["exp_avg"]
+    assert torch.equal(adam_p, adam_c)
+    assert [g["lr"] for g in child.trainer.agent.optimizers()["optimizer"].param_groups] == [1.2e-3]
+    assert torch.equal(child.trainer.rng[0], child_rng)  # its own streams: it does not retrace its parent
+    assert "lr 0.001 -> 0.0012" in (tmp_path / "b" / "config.yaml").read_text()
+    assert api.load(tmp_path / "b", best=False).config.lr == pytest.approx(1.2e-3)  # checkpointed at once
+    assert child.describe()["steps"] == parent.describe()["steps"] == 256
+    parent.close()
+    child.close()
+
+
+@pytest.fixture(scope="module")
+def population(local_ray: None, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict, str]:
+    """A population of 3 tiny PPO members, 3 generations of 128 steps, made by ``jaderl pbt``: (its directory, the
+    JSON it printed, what it printed on stderr)."""
+    pop_dir = tmp_path_factory.mktemp("pbt") / "pop"
+    argv = ["pbt", "ppo", ENV, "--members", "3", "--period", "128", "--generations", "3", "--seed", "1",
+            "--run-dir", str(pop_dir), "--space", "lr=loguniform:1e-4:1e-2", "--resample-probability", "0",
+            "--quantile", "0.34", "--json"]
+    argv += [arg for key, value in TINY.items() for arg in ("--set", f"{key}={value}".replace(" ", ""))]
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        assert main(argv) == 0
+    return pop_dir, json.loads(out.getvalue().splitlines()[-1]), err.getvalue()
+
+
+def test_population_csv_records_every_member_and_generation(population: tuple[Path, dict, str]) -> None:
+    pop_dir, result, err = population
+    rows = _rows(pop_dir)
+    assert list(rows[0]) == ["generation", "member", "parent", "steps", "score", "hyperparameters", "node"]
+    assert [(int(r["generation"]), int(r["member"])) for r in rows] == [(g, m) for g in range(3) for m in range(3)]
+    assert all(int(r["steps"]) == 128 * (int(r["generation"]) + 1) for r in rows)
+    assert [line.split(" |")[0] for line in err.splitlines() if line.startswith("generation")] == \
+        ["generation 1/3", "generation 2/3", "generation 3/3"]
+    for g in (1, 2):  # the worst member of g - 1 started generation g from a copy of the best one, with lr x0.8/1.2
+        before = [r for r in rows if int(r["generation"]) == g - 1]
+        scores = [float(r["score"]) for r in before]
+        worst, best = scores.index(min(scores)), scores.index(max(scores))
+        now = {int(r["member"]): r for r in rows if int(r["generation"]) == g}
+        if min(scores) < max(scores):
+            assert int(now[worst]["parent"]) == best
+            lr = json.loads(now[worst]["hyperparameters"])["lr"]
+            parent_lr = json.loads(before[best]["hyperparameters"])["lr"]
+            assert min(abs(lr / parent_lr - f) for f in (0.8, 1.2)) < 1e-3
+        assert sum(int(r["parent"]) != m for m, r in now.items()) <= 1
+    assert (pop_dir / "population.png").stat().st_size > 0
+    state = json.loads((pop_dir / "population.json").read_text())
+    assert state["generation"] == 3
+    assert result["best_score"] == max(float(r["score"]) for r in rows if r["generation"] == "2")
+    assert result["best_run_dir"] == str(pop_dir / "best") and result["generations"] == 3
+
+
+def test_a_copy_travels_through_the_object_store(population: tuple[Path, dict, str]) -> None:
+    """A member that copied another took its evaluations too: its metrics.csv shows the parent's score at the step of
+    the copy."""
+    pop_dir, _, _ = population
+    rows = _rows(pop_dir)
+    copies = [r for r in rows if r["parent"] != r["member"]]
+    assert copies, "no member copied another"
+    for row in copies:
+        g, child, parent = int(row["generation"]), row["member"], row["parent"]
+        parent_score = next(float(r["score"]) for r in rows if int(r["generation"]) == g - 1 and r["member"] == parent)
+        with open(pop_dir / "members" / f"m{int(child):02d}" / "metrics.csv", newline="") as f:
+            at_copy = [float(r["eval_return_mean"]) for r in csv.DictReader(f) if int(r["step"]) == 128 * g]
+        assert at_copy == [parent_score]
+
+
+def test_best_member_is_an_ordinary_run_directory(population: tuple[Path, dict, str],
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    pop_dir, result, _ = population
+    best = Path(result["best_run_dir"])
+    assert best == pop_dir / "best" and (best / "checkpoint.json").exists()
+    assert api.load(best).config.algo == "ppo"
+    assert main(["eval", str(best), "--episodes", "2", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["episodes"] == 2
+    assert api.resume(best, total_steps=512).steps >= 512
+
+
+def test_resume_after_the_driver_stopped_loses_at_most_a_period(population: tuple[Path, dict, str]) -> None:
+    """As if the driver died after the last period's training but before committing it: the resume trains that
+    generation no further (every member is at its target), ranks it again and writes its rows once, then trains the
+    generation added."""
+    pop_dir, _, _ = population
+    state = json.loads((pop_dir / "population.json").read_text())
+    state["generation"] = 2
+    (pop_dir / "population.json").write_text(json.dumps(state))
+    more = resume_pbt(pop_dir, generations=4)
+    rows = _rows(pop_dir)
+    assert [(int(r["generation"]), int(r["member"])) for r in rows] == [(g, m) for g in range(4) for m in range(3)]
+    assert [int(r["steps"]) for r in rows[-6:]] == [384] * 3 + [512] * 3
+    assert more.generations == 4 and json.loads((pop_dir / "population.json").read_text())["generation"] == 4
+    with pytest.raises(ConfigError, match="already finished its 4 generations"):
+        resume_pbt(pop_dir)
+
+
+def _member_pids(busy: str = "") -> list[int]:
+    """Process ids of Ray workers running a population member (``busy``: only those inside that method)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmd = (entry / "cmdline").read_bytes().decode(errors="replace")
+            except OSError:
+                continue
+            if cmd.startswith(f"ray::Member{'.' + busy if busy else ''}"):
+                pids.append(int(entry.name))
+    return pids
+
+
+def test_a_member_killed_mid_period_is_restarted_from_its_checkpoint(local_ray: None, tmp_path: Path) -> None:
+    """SIGKILL one member's process while it trains: the population notices, restarts it from its last checkpoint
+    and finishes every generation; no member process stays after the population ends."""
+    pop_dir = tmp_path / "pop"
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            outcome["result"] = pbt("ppo", ENV, members=2, period=2048, generations=2, seed=4, run_dir=str(pop_dir),
+                                    space=["lr=loguniform:1e-4:1e-2"], **TINY)
+        except BaseException as exc:  # reported below
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not (busy := _member_pids("train_until")) and time.monotonic() < deadline and thread.is_alive():
+        time.sleep(0.05)
+    assert busy, "no member started training"
+    killed_at = time.monotonic()
+    os.kill(busy[0], signal.SIGKILL)
+    thread.join(timeout=120)
+    assert not thread.is_alive() and "error" not in outcome, outcome.get("error")
+    rows = _rows(pop_dir)
+    assert [(int(r["generation"]), int(r["member"])) for r in rows] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert all(math.isfinite(float(r["score"])) for r in rows)
+    assert len({r["node"] for r in rows}) >= 1
+    assert time.monotonic() - killed_at < 120
+    deadline = time.monotonic() + 10  # killed actors' processes exit moments later
+    while _member_pids() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _member_pids(), "a member's process outlived its population"
+
+
+def test_too_many_members_are_refused_before_any_starts(local_ray: None, tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["pbt", "ppo", ENV, "--members", "3", "--resources-per-member", "cpu=1", "--run-dir",
+              str(tmp_path / "p")])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "3 members at cpu=1 need 3 CPUs, but the cluster has 2 CPUs" in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "p").exists()
+
+
+def test_a_population_directory_in_use_is_refused(population: tuple[Path, dict, str],
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    pop_dir, _, _ = population
+    with pytest.raises(SystemExit) as info:
+        main(["pbt", "ppo", ENV, "--run-dir", str(pop_dir)])
+    assert info.value.code == 2 and "continue it with --resume" in capsys.readouterr().err
+
+
+def test_an_address_that_does_not_answer_is_one_sentence(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from jaderl.population.cluster import check_reachable
+
+    start = time.monotonic()
+    with pytest.raises(ConfigError, match=r"the Ray cluster at 127.0.0.1:1 does not answer"):
+        check_reachable("127.0.0.1:1")
+    with pytest.raises(ConfigError, match="is not host:port"):
+        check_reachable("nowhere")
+    assert time.monotonic() - start < 10

@@ -1,0 +1,77 @@
+"""Search spaces (jaderl.population.space): parsing, validation against the algorithm's ranges, sampling, explore."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from jaderl.algos.ppo import PPO
+from jaderl.algos.sac import SAC
+from jaderl.core.config import ConfigError
+from jaderl.population.cluster import Resources
+from jaderl.population.space import Dimension, default_space, explore, parse_space, sample
+
+
+def test_default_space_is_the_algorithms_mutable_hyperparameters() -> None:
+    space = default_space(PPO)
+    assert set(space) == set(PPO.hyperparameters)
+    assert space["lr"].kind == "loguniform" and space["clip_ratio"].kind == "uniform"
+    assert (space["lr"].low, space["lr"].high) == (PPO.hyperparameters["lr"].low, PPO.hyperparameters["lr"].high)
+
+
+def test_parse_space_reads_every_kind() -> None:
+    space = parse_space(SAC, ["lr=loguniform:1e-4:1e-2", "gamma=uniform:0.95:0.999", "tau=choice:0.01:0.005:0.01"])
+    assert space["lr"] == Dimension("loguniform", 1e-4, 1e-2)
+    assert space["gamma"] == Dimension("uniform", 0.95, 0.999)
+    assert space["tau"].values == (0.005, 0.01)  # sorted, duplicates dropped
+    assert parse_space(SAC, {"lr": "uniform:0.001:0.002"})["lr"].kind == "uniform"
+
+
+@pytest.mark.parametrize(("entry", "words"), [
+    ("foo=uniform:1:2", "foo is not a hyperparameter PPO can change"),
+    ("lr=loguniform:1e-2:1e-3", "empty range"),
+    ("lr=uniform:0.1:0.1", "empty range"),
+    ("lr=gaussian:0:1", "unknown distribution 'gaussian'"),
+    ("lr=loguniform:0:1e-3", "positive bounds"),
+    ("lr=uniform:a:b", "must be numbers"),
+    ("gamma=uniform:0.5:0.99", "outside the valid range of gamma"),
+    ("lr", "is not NAME=KIND:LOW:HIGH"),
+    ("clip_ratio=choice", "empty choice"),
+])
+def test_a_bad_space_is_one_sentence(entry: str, words: str) -> None:
+    with pytest.raises(ConfigError, match=words) as info:
+        parse_space(PPO, [entry])
+    assert "\n" not in str(info.value)
+
+
+def test_sample_and_explore_stay_in_range() -> None:
+    space = parse_space(PPO, ["lr=loguniform:1e-4:1e-2", "clip_ratio=choice:0.1:0.2:0.3"])
+    rng = random.Random(0)
+    values = [sample(space, rng) for _ in range(200)]
+    lrs = [v["lr"] for v in values]
+    assert all(1e-4 <= x <= 1e-2 for x in lrs)
+    assert sum(x < 1e-3 for x in lrs) in range(70, 131)  # log-uniform: half the draws below the geometric middle
+    assert {v["clip_ratio"] for v in values} == {0.1, 0.2, 0.3}
+    for _ in range(200):  # perturbed: x0.8 or x1.2, clipped to the range; a choice moves to a neighbour
+        new = explore(space, {"lr": 5e-3, "clip_ratio": 0.2}, rng, resample_probability=0.0)
+        assert math.isclose(new["lr"], 4e-3) or math.isclose(new["lr"], 6e-3)
+        assert new["clip_ratio"] in (0.1, 0.3)
+    assert explore(space, {"lr": 9.5e-3, "clip_ratio": 0.3}, random.Random(1), 0.0)["lr"] <= 1e-2
+    resampled = {explore(space, {"lr": 5e-3, "clip_ratio": 0.2}, rng, 1.0)["lr"] for _ in range(20)}
+    assert len(resampled) == 20 and not any(math.isclose(x, 4e-3) or math.isclose(x, 6e-3) for x in resampled)
+
+
+def test_resources_per_member() -> None:
+    assert Resources.parse("cpu=1,gpu=0.25") == Resources(1.0, 0.25)
+    assert Resources.parse("") == Resources()
+    assert Resources().options(4, {"CPU": 2.0}) == {"num_cpus": 0.5, "num_gpus": 0.0}
+    assert Resources(cpu=1).options(2, {"CPU": 2.0}) == {"num_cpus": 1.0, "num_gpus": 0.0}
+    with pytest.raises(ConfigError, match="3 members at cpu=1 need 3 CPUs, but the cluster has 2 CPUs"):
+        Resources(cpu=1).options(3, {"CPU": 2.0})
+    with pytest.raises(ConfigError, match="GPUs"):
+        Resources(gpu=0.5).options(4, {"CPU": 8.0, "GPU": 1.0})
+    for bad in ("cpu", "tpu=1", "cpu=x", "cpu=0", "gpu=-1"):
+        with pytest.raises(ConfigError, match="resources-per-member"):
+            Resources.parse(bad)
