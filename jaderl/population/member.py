@@ -60,6 +60,10 @@ class Member:
         return {"steps": self.trainer.agent.steps, "score": score if math.isfinite(score) else -math.inf,
                 "stop_reason": reason}
 
+    def train_for(self, steps: int) -> dict[str, Any]:
+        """Train ``steps`` more env steps (see :meth:`train_until`)."""
+        return self.train_until(self.trainer.agent.steps + steps)
+
     def state(self, include_buffer: bool = True) -> dict[str, Any]:
         """The Trainer's whole state (without the replay buffer unless ``include_buffer``), for another member."""
         state = self.trainer.state_dict()

@@ -240,3 +240,33 @@ def test_an_address_that_does_not_answer_is_one_sentence(tmp_path: Path, capsys:
     with pytest.raises(ConfigError, match="is not host:port"):
         check_reachable("nowhere")
     assert time.monotonic() - start < 10
+
+
+def test_tournament_of_two_algorithms(local_ray: None, tmp_path: Path) -> None:
+    """Asynchronous tournament: PPO and A2C members, a leaderboard of 2 persisted to disk, later members continued
+    from the best entry or fused from the top entries of one algorithm."""
+    from jaderl.population import tournament
+
+    finished: list[dict] = []
+    result = tournament(["ppo", "a2c"], ENV, pool=2, period=128, rounds=4, leaderboard_size=2, fuse_top=2,
+                        strategy_weights=(1.0, 1.0, 0.0), seed=2, run_dir=str(tmp_path / "t"),
+                        space=["lr=loguniform:1e-4:1e-2"], progress=finished.append, **TINY)
+    with open(tmp_path / "t" / "tournament.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert sorted(int(r["round"]) for r in rows) == [0, 1, 2, 3] and len(finished) == 4
+    first_two = [r for r in rows if int(r["round"]) < 2]
+    assert all(r["origin"] == "fresh" for r in first_two) and {r["algo"] for r in rows} <= {"ppo", "a2c"}
+    for row in rows:
+        if row["origin"] == "best":  # continued from its parent's state: one more period on top of its steps
+            parent = next(r for r in rows if r["member"] == row["parents"])
+            assert int(row["steps"]) == int(parent["steps"]) + 128
+        elif row["origin"] == "fuse":
+            assert len(row["parents"].split()) == 2
+    assert {r["origin"] for r in rows[2:]} <= {"best", "fuse"}
+    board = json.loads((tmp_path / "t" / "leaderboard.json").read_text())
+    scores = [e["score"] for e in board["entries"]]
+    assert len(scores) == 2 and scores == sorted(scores, reverse=True)
+    assert scores[0] == max(float(r["score"]) for r in rows) == result.best_score
+    assert all(Path(e["run_dir"], "checkpoint.json").exists() for e in board["entries"])
+    assert len(list((tmp_path / "t" / "leaderboard").iterdir())) == 2  # evicted entries' copies are gone
+    assert api.load(result.best_run_dir).config.algo == board["entries"][0]["algo"]

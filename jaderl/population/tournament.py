@@ -1,0 +1,235 @@
+"""Tournament-based ensemble training: an asynchronous pool of members, a leaderboard, a generator and an updater.
+
+    leaderboard = Leaderboard actor (top-K entries with scores, persisted to POP_DIR/leaderboard.json)
+    pool = `pool` members training side by side, each for one period of env steps
+    whenever any member finishes its period (no member waits for another):
+        updater:   evaluate it; the leaderboard inserts it by score (a copy of its run directory is kept while it
+                   stays in the top K); record tournament.csv; end the member
+        generator: start the next member from the leaderboard:
+                   "best"  continue a copy of the best entry with explored hyperparameters,
+                   "fuse"  the top k entries of one algorithm fused (parameters and optimizer states averaged),
+                   "fresh" a new agent of one of the algorithms with hyperparameters sampled from the space
+    when `rounds` members have finished: POP_DIR/best is a copy of the leaderboard's first entry
+
+Members may use different algorithms (``algos=["ppo", "a2c"]``); entries of one algorithm only are fused. Every
+member and entry is an ordinary run directory; with several nodes, POP_DIR must be on storage every node shares.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import math
+import random
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from jaderl.api import ALGOS
+from jaderl.core.config import ConfigError
+from jaderl.core.loop import TrainingError
+from jaderl.population.cluster import PopulationError, Resources, connected
+from jaderl.population.ensemble import fuse_runs
+from jaderl.population.member import remote_member
+from jaderl.population.space import Space, explore, parse_space, sample
+from jaderl.population.store import copy_run, new_population_dir, write_json
+
+STRATEGIES = ("best", "fuse", "fresh")
+LEADERBOARD_JSON = "leaderboard.json"
+CSV_NAME = "tournament.csv"
+CSV_COLUMNS = ["round", "member", "algo", "origin", "parents", "steps", "score", "rank", "hyperparameters"]
+
+
+class Leaderboard:
+    """The top ``size`` entries by score (higher first), each with a copy of its member's run directory under
+    ``root/leaderboard/``; every change is written to ``root/leaderboard.json`` before it returns. Held by a Ray actor
+    (:func:`leaderboard_actor`), so every driver and member of the cluster sees one board."""
+
+    def __init__(self, root: str, size: int) -> None:
+        self.root, self.size = Path(root), size
+        path = self.root / LEADERBOARD_JSON
+        self.entries: list[dict[str, Any]] = json.loads(path.read_text())["entries"] if path.exists() else []
+
+    def insert(self, entry: dict[str, Any], run_dir: str) -> int | None:
+        """Insert ``entry`` (with ``name`` and ``score``) by its score; returns its rank (0 is best), or None when it
+        does not make the top ``size``."""
+        ranked = sorted([*self.entries, entry], key=lambda e: e["score"], reverse=True)
+        if entry not in ranked[:self.size]:
+            return None
+        snapshot = self.root / "leaderboard" / entry["name"]
+        copy_run(Path(run_dir), snapshot)
+        kept, dropped = ranked[:self.size], ranked[self.size:]
+        self.entries = [{**e, "run_dir": str(snapshot)} if e is entry else e for e in kept]
+        write_json(self.root / LEADERBOARD_JSON, {"size": self.size, "entries": self.entries})
+        for old in dropped:
+            shutil.rmtree(old.get("run_dir", ""), ignore_errors=True)
+        return kept.index(entry)
+
+    def top(self, k: int | None = None) -> list[dict[str, Any]]:
+        """The best ``k`` entries (all with None), best first."""
+        return list(self.entries[:k])
+
+
+def leaderboard_actor(ray: Any) -> Any:
+    """:class:`Leaderboard` as a Ray actor class that holds no CPU."""
+    return ray.remote(num_cpus=0, max_restarts=0)(Leaderboard)
+
+
+@dataclasses.dataclass
+class TournamentResult:
+    """What a finished tournament reports (``jaderl tournament --json`` prints it)."""
+
+    population_dir: str
+    rounds: int
+    best_score: float
+    best_run_dir: str
+    leaderboard: list[dict[str, Any]]
+    time_s: float
+
+
+def tournament(algos: list[str] | str, env: str, *, pool: int = 4, period: int = 20_000, rounds: int = 40,
+               leaderboard_size: int = 5, fuse_top: int = 3,
+               strategy_weights: tuple[float, float, float] = (0.5, 0.25, 0.25), seed: int = 0,
+               run_dir: str | None = None, space: list[str] | None = None, resources: str = "",
+               address: str | None = None, num_cpus: int | None = None, progress: Any = None,
+               **settings: Any) -> TournamentResult:
+    """Run a tournament of ``rounds`` member periods with ``pool`` members at a time (see the module docstring).
+    ``algos``: one algorithm or several; ``strategy_weights``: how often the generator copies the best entry, fuses
+    the top ``fuse_top`` entries or starts afresh (fresh members until the leaderboard has an entry); ``settings``:
+    config fields, each given to every algorithm that has it."""
+    algos = [algos] if isinstance(algos, str) else list(algos)
+    if not algos or (unknown := [a for a in algos if a not in ALGOS]):
+        raise ConfigError(f"unknown algorithm {(unknown or [''])[0]!r}; choose from: {', '.join(ALGOS)}")
+    for name, value, low in (("pool", pool, 1), ("period", period, 1), ("rounds", rounds, 1),
+                             ("leaderboard_size", leaderboard_size, 1), ("fuse_top", fuse_top, 2)):
+        if value < low:
+            raise ConfigError(f"{name}={value} is out of range: it must be >= {low}")
+    if len(strategy_weights) != 3 or min(strategy_weights) < 0 or sum(strategy_weights) <= 0:
+        raise ConfigError(f"strategy_weights={strategy_weights} must be three weights >= 0 (best, fuse, fresh) with a "
+                          "positive sum")
+    spaces = {a: parse_space(ALGOS[a].agent_cls, space) for a in algos}
+    fields = {f.name for a in algos for f in dataclasses.fields(ALGOS[a].agent_cls.config_cls)}
+    if bad := sorted(set(settings) - fields):
+        raise ConfigError(f"unknown setting {bad[0]!r}: none of {', '.join(algos)} has it")
+    with connected(address, num_cpus) as ray:
+        options = Resources.parse(resources).options(pool, ray.cluster_resources())
+        pop_dir = new_population_dir(run_dir, "tournament", "+".join(algos), env, seed)
+        write_json(pop_dir / "tournament.json", {"algos": algos, "env": env, "pool": pool, "period": period,
+                                                 "rounds": rounds, "leaderboard_size": leaderboard_size,
+                                                 "fuse_top": fuse_top, "seed": seed, "space": space or [],
+                                                 "settings": settings})
+        runner = _Tournament(ray, options, pop_dir, algos, env, spaces, settings, period, fuse_top,
+                             strategy_weights, random.Random(seed), seed)
+        return runner.run(pool, rounds, leaderboard_size, progress)
+
+
+class _Tournament:
+    def __init__(self, ray: Any, options: dict[str, float], pop_dir: Path, algos: list[str], env: str,
+                 spaces: dict[str, Space], settings: dict[str, Any], period: int, fuse_top: int,
+                 weights: tuple[float, float, float], rng: random.Random, seed: int) -> None:
+        self.ray, self.pop_dir, self.algos, self.env, self.spaces = ray, pop_dir, algos, env, spaces
+        self.settings, self.period, self.fuse_top, self.weights, self.rng = settings, period, fuse_top, weights, rng
+        self.seed, self.rounds = seed, 0
+        self.member_cls = remote_member(ray, options)
+        self.rows: list[dict[str, Any]] = []
+
+    def member_settings(self, algo: str, name: str, round_: int) -> dict[str, Any]:
+        fields = {f.name for f in dataclasses.fields(ALGOS[algo].agent_cls.config_cls)}
+        mine = {k: v for k, v in self.settings.items() if k in fields}
+        return {"eval_every": self.period, "checkpoint_every": self.period, **mine, "algo": algo, "env": self.env,
+                "seed": self.seed + round_, "total_steps": self.period * self.rounds,
+                "run_dir": str(self.pop_dir / "members" / name)}
+
+    def generate(self, round_: int, board: Any) -> tuple[Any, dict[str, Any]]:
+        """The next member (a started actor) and what it came from."""
+        name = f"t{round_:04d}"
+        entries = self.ray.get(board.top.remote())
+        strategy = self.rng.choices(STRATEGIES, weights=self.weights)[0] if entries else "fresh"
+        if strategy == "fuse":
+            algo = entries[0]["algo"]
+            same = [e for e in entries if e["algo"] == algo][:self.fuse_top]
+            strategy = "fuse" if len(same) >= 2 else "best"
+        target = self.pop_dir / "members" / name
+        if strategy == "fresh":
+            algo = self.rng.choice(self.algos)
+            values, parents = sample(self.spaces[algo], self.rng), []
+        elif strategy == "best":
+            algo, parents = entries[0]["algo"], [entries[0]["name"]]
+            copy_run(Path(entries[0]["run_dir"]), target)
+            values = explore(self.spaces[algo], entries[0]["hyperparameters"], self.rng, 0.25)
+        else:
+            parents = [e["name"] for e in same]
+            fuse_runs([e["run_dir"] for e in same], target)
+            values = explore(self.spaces[algo], same[0]["hyperparameters"], self.rng, 0.25)
+        actor = self.member_cls.remote(self.member_settings(algo, name, round_), values)
+        if strategy != "fresh":  # a continued member takes the explored hyperparameters now
+            actor.set_hyperparameters.remote(values)
+        return actor, {"round": round_, "member": name, "algo": algo, "origin": strategy, "parents": parents}
+
+    def run(self, pool: int, rounds: int, size: int, progress: Any) -> TournamentResult:
+        ray, start = self.ray, time.perf_counter()
+        self.rounds = rounds  # a lineage trains at most one period a round
+        board = leaderboard_actor(ray).remote(str(self.pop_dir), size)
+        running: dict[Any, tuple[Any, dict[str, Any]]] = {}
+        started = finished = 0
+        try:
+            while finished < rounds:
+                while started < rounds and len(running) < pool:
+                    actor, info = self.generate(started, board)
+                    running[actor.train_for.remote(self.period)] = (actor, info)
+                    started += 1
+                [ref], _ = ray.wait(list(running), num_returns=1)
+                actor, info = running.pop(ref)
+                try:
+                    result = ray.get(ref)
+                    described = ray.get(actor.describe.remote())
+                    ray.get(actor.close.remote())
+                except ray.exceptions.RayTaskError as exc:
+                    if not isinstance(exc.cause, TrainingError):
+                        raise PopulationError(f"member {info['member']} failed: {exc.cause}") from None
+                    result, described = {"score": -math.inf, "steps": 0}, {"hyperparameters": {}}
+                except ray.exceptions.RayActorError:  # its process died: it simply leaves the tournament
+                    result, described = {"score": -math.inf, "steps": 0}, {"hyperparameters": {}}
+                ray.kill(actor, no_restart=True)
+                finished += 1
+                self.update(board, info, result, described)
+                if progress is not None:
+                    progress({"finished": finished, "rounds": rounds, "member": info["member"],
+                              "score": result["score"], "origin": info["origin"],
+                              "time_s": time.perf_counter() - start})
+            entries = ray.get(board.top.remote())
+        finally:  # Ctrl-C or an error: no member outlives the tournament
+            for actor, _ in running.values():
+                ray.kill(actor, no_restart=True)
+            ray.kill(board, no_restart=True)
+        if not entries:
+            raise PopulationError("no member finished a period with a score; see the members' run directories")
+        copy_run(Path(entries[0]["run_dir"]), self.pop_dir / "best")
+        return TournamentResult(str(self.pop_dir), rounds, entries[0]["score"], str(self.pop_dir / "best"), entries,
+                                round(time.perf_counter() - start, 3))
+
+    def update(self, board: Any, info: dict[str, Any], result: dict[str, Any], described: dict[str, Any]) -> None:
+        """The updater: insert a finished member into the leaderboard by its score; record tournament.csv."""
+        name = info["member"]
+        values = {k: v for k, v in described["hyperparameters"].items() if k in self.spaces[info["algo"]]}
+        entry = {"name": name, "algo": info["algo"], "score": result["score"], "steps": result["steps"],
+                 "hyperparameters": values, "origin": info["origin"], "parents": info["parents"]}
+        rank = None
+        if math.isfinite(result["score"]):
+            rank = self.ray.get(board.insert.remote(entry, str(self.pop_dir / "members" / name)))
+        self.rows.append({**{k: info[k] for k in ("round", "member", "algo", "origin")},
+                          "parents": " ".join(info["parents"]), "steps": result["steps"],
+                          "score": f"{result['score']:.6g}", "rank": "" if rank is None else rank,
+                          "hyperparameters": json.dumps(values)})
+        _write_csv(self.pop_dir / CSV_NAME, self.rows)
+
+
+def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", newline="") as f:
+        writer = csv.DictWriter(f, CSV_COLUMNS)
+        writer.writeheader()
+        writer.writerows(rows)
+    tmp.replace(path)
