@@ -99,8 +99,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _add_shared_population_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags ``jaderl pbt`` and ``jaderl tournament`` share."""
+    parser.add_argument("--seed", type=whole_number, default=0, help="member k trains with seed + k")
+    parser.add_argument("--run-dir", metavar="POP_DIR", help="the population directory (default: under runs/)")
+    parser.add_argument("--space", metavar="NAME=KIND:LOW:HIGH", action="append", default=[],
+                        help="search this hyperparameter (loguniform, uniform or choice), e.g. "
+                             "lr=loguniform:1e-4:1e-2; default: every mutable hyperparameter over its valid range")
+    parser.add_argument("--address", help="join the Ray cluster at this address (default: RAY_ADDRESS, else a local "
+                        "Ray sized to this machine)")
+    parser.add_argument("--resources-per-member", dest="resources", default="", metavar="cpu=1,gpu=0.25",
+                        help="Ray resources each member holds (fractions allowed; default: the CPUs shared evenly)")
+    parser.add_argument("--set", dest="overrides", metavar="KEY=VALUE", action="append", default=[],
+                        help="set a config field of every member, e.g. --set num_envs=8 --set hidden=[64,64]")
+    parser.add_argument("--json", action="store_true", help="print the result as one JSON object on the last line")
+
+
 def _add_population_parsers(sub: Any) -> None:
-    """``jaderl pbt`` and ``jaderl fuse`` (docs/population.md)."""
+    """``jaderl pbt``, ``jaderl tournament`` and ``jaderl fuse`` (docs/population.md)."""
     pbt = sub.add_parser("pbt", help="population-based training on Ray (or continue one with --resume POP_DIR)")
     pbt.add_argument("algo", nargs="?", help="algorithm name (`jaderl algos`)")
     pbt.add_argument("env", nargs="?", help="env id (`jaderl envs`) or any Gymnasium id")
@@ -109,23 +125,25 @@ def _add_population_parsers(sub: Any) -> None:
     pbt.add_argument("--period", type=whole_number, default=20_000,
                      help="env steps each member trains between rankings (default 20000)")
     pbt.add_argument("--generations", type=whole_number, help="periods in all (default 10)")
-    pbt.add_argument("--seed", type=whole_number, default=0, help="member k trains with seed + k")
-    pbt.add_argument("--run-dir", metavar="POP_DIR", help="the population directory (default runs/pbt-ALGO-ENV-...)")
-    pbt.add_argument("--space", metavar="NAME=KIND:LOW:HIGH", action="append", default=[],
-                     help="search this hyperparameter (loguniform, uniform or choice), e.g. lr=loguniform:1e-4:1e-2; "
-                          "default: every mutable hyperparameter of the algorithm over its valid range")
     pbt.add_argument("--quantile", type=float, default=0.25, help="the bottom fraction copies the top one (0.25)")
     pbt.add_argument("--resample-probability", type=float, default=0.25,
                      help="chance that a copied member's hyperparameter is drawn afresh instead of perturbed (0.25)")
     pbt.add_argument("--no-copy-buffer", dest="copy_buffer", action="store_false",
                      help="a copy keeps its own replay buffer instead of taking its parent's")
-    pbt.add_argument("--address", help="join the Ray cluster at this address (default: RAY_ADDRESS, else a local "
-                     "Ray sized to this machine)")
-    pbt.add_argument("--resources-per-member", dest="resources", default="", metavar="cpu=1,gpu=0.25",
-                     help="Ray resources each member holds (fractions allowed; default: the CPUs shared evenly)")
-    pbt.add_argument("--set", dest="overrides", metavar="KEY=VALUE", action="append", default=[],
-                     help="set a config field of every member, e.g. --set num_envs=8 --set hidden=[64,64]")
-    pbt.add_argument("--json", action="store_true", help="print the result as one JSON object on the last line")
+    _add_shared_population_flags(pbt)
+    tour = sub.add_parser("tournament", help="tournament-based ensemble training on Ray: an asynchronous pool of "
+                          "members and a leaderboard")
+    tour.add_argument("algo", help="algorithm name, or several joined by commas (ppo,a2c)")
+    tour.add_argument("env", help="env id (`jaderl envs`) or any Gymnasium id")
+    tour.add_argument("--pool", type=whole_number, default=4, help="members training at a time (default 4)")
+    tour.add_argument("--period", type=whole_number, default=20_000,
+                      help="env steps a member trains before the leaderboard judges it (default 20000)")
+    tour.add_argument("--rounds", type=whole_number, default=40, help="member periods in all (default 40)")
+    tour.add_argument("--leaderboard-size", type=whole_number, default=5, help="entries kept (default 5)")
+    tour.add_argument("--fuse-top", type=whole_number, default=3, help="entries a fused member averages (default 3)")
+    tour.add_argument("--strategy-weights", default="0.5,0.25,0.25", metavar="BEST,FUSE,FRESH",
+                      help="how often a new member copies the best entry, fuses the top ones or starts afresh")
+    _add_shared_population_flags(tour)
     fuse = sub.add_parser("fuse", help="fuse finished runs of one algorithm and env into one run by averaging their "
                           "parameters and optimizer states")
     fuse.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
@@ -152,6 +170,25 @@ def _pbt(args: argparse.Namespace) -> Any:
                seed=args.seed, run_dir=args.run_dir, space=args.space, quantile=args.quantile,
                resample_probability=args.resample_probability, copy_buffer=args.copy_buffer,
                resources=args.resources, address=args.address, progress=progress, **settings)
+
+
+def _tournament(args: argparse.Namespace) -> Any:
+    from jaderl.population import tournament
+
+    try:
+        weights = tuple(float(w) for w in args.strategy_weights.split(","))
+    except ValueError:
+        _fail(f"--strategy-weights {args.strategy_weights!r} is not three numbers such as 0.5,0.25,0.25")
+
+    def progress(info: dict[str, Any]) -> None:
+        print(f"{info['finished']}/{info['rounds']} | {info['member']} ({info['origin']}) scored {info['score']:.2f} "
+              f"| {info['time_s']:.1f} s", file=sys.stderr, flush=True)
+
+    settings = dict(parse_assignment(text) for text in args.overrides)
+    return tournament(args.algo.split(","), args.env, pool=args.pool, period=args.period, rounds=args.rounds,
+                      leaderboard_size=args.leaderboard_size, fuse_top=args.fuse_top, strategy_weights=weights,
+                      seed=args.seed, run_dir=args.run_dir, space=args.space, resources=args.resources,
+                      address=args.address, progress=progress, **settings)
 
 
 class ProgressPrinter:
@@ -231,6 +268,17 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(out) if args.json else
                   f"{result.generations} generations in {result.time_s:.1f} s; best member {result.best_member} "
                   f"({result.best_score:.2f}); best run directory {result.best_run_dir}")
+        elif args.command == "tournament":
+            from jaderl.population import PopulationError
+
+            try:
+                result = _tournament(args)
+            except PopulationError as exc:
+                print(f"jaderl: error: {exc}", file=sys.stderr)
+                return 1
+            print(json.dumps(dataclasses.asdict(result)) if args.json else
+                  f"{result.rounds} rounds in {result.time_s:.1f} s; best {result.best_score:.2f}; best run directory "
+                  f"{result.best_run_dir}")
         elif args.command == "fuse":
             from jaderl.population import fuse_runs
 
