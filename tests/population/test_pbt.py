@@ -270,3 +270,34 @@ def test_tournament_of_two_algorithms(local_ray: None, tmp_path: Path) -> None:
     assert all(Path(e["run_dir"], "checkpoint.json").exists() for e in board["entries"])
     assert len(list((tmp_path / "t" / "leaderboard").iterdir())) == 2  # evicted entries' copies are gone
     assert api.load(result.best_run_dir).config.algo == board["entries"][0]["algo"]
+
+
+def test_tune_trainable_under_asha(local_ray: None, tmp_path: Path) -> None:
+    """The docs' example, tiny: two trials of PPO under Tune's ASHA; checkpoints are jaderl's own safetensors + JSON,
+    which jaderl.load reads, and a restored trainable continues from the saved step."""
+    from ray import tune
+    from ray.tune.schedulers import ASHAScheduler
+
+    from jaderl.population.tune import JaderlTrainable
+
+    tuner = tune.Tuner(
+        tune.with_resources(JaderlTrainable, {"cpu": 1}),
+        param_space={"algo": "ppo", "env": ENV, "period": 128, "lr": tune.loguniform(1e-4, 1e-2), **TINY},
+        tune_config=tune.TuneConfig(metric="eval_return", mode="max", num_samples=2,
+                                    scheduler=ASHAScheduler(max_t=2, grace_period=1)),
+        run_config=tune.RunConfig(storage_path=str(tmp_path), name="asha", stop={"training_iteration": 2},
+                                  checkpoint_config=tune.CheckpointConfig(checkpoint_at_end=True), verbose=0))
+    results = tuner.fit()
+    assert not results.errors and len(results) == 2
+    best = results.get_best_result()
+    assert best.metrics["env_steps"] in (128, 256) and math.isfinite(best.metrics["eval_return"])
+    with best.checkpoint.as_directory() as ckpt:
+        assert sorted(p.suffix for p in Path(ckpt).iterdir()) == [".json", ".safetensors"]
+        agent = api.load(ckpt, best=False)
+        assert agent.steps == best.metrics["env_steps"] and agent.config.lr == pytest.approx(best.config["lr"])
+        trainable = JaderlTrainable(config={**best.config, "period": 128})
+        try:
+            trainable.restore(ckpt)
+            assert trainable.train()["env_steps"] == agent.steps + 128
+        finally:
+            trainable.stop()

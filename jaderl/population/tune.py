@@ -1,0 +1,74 @@
+"""Ray Tune interop: :class:`JaderlTrainable` trains any registered jaderl algorithm under Tune's own schedulers and
+searchers (ASHA, PB2, PBT, Optuna ...).
+
+    from ray import tune
+    from jaderl.population.tune import JaderlTrainable
+
+    tuner = tune.Tuner(JaderlTrainable, param_space={
+        "algo": "ppo", "env": "jaderl/CartPole-v1", "period": 10_000,     # one Tune iteration = 10,000 env steps
+        "lr": tune.loguniform(1e-4, 1e-2), "num_envs": 8,               # any config field
+    }, tune_config=tune.TuneConfig(metric="eval_return", mode="max", scheduler=ASHAScheduler(), num_samples=8))
+
+Each iteration trains ``period`` env steps and reports ``eval_return`` (the evaluation at its end),
+``best_eval_return`` and ``env_steps``. A Tune checkpoint is the Trainer's whole state as jaderl writes it
+(safetensors + JSON, nothing pickled), so ``jaderl.load(CHECKPOINT_DIR, best=False)`` reads one too. Changing only
+the algorithm's mutable hyperparameters (Tune's PBT with ``reuse_actors``) happens in place, through
+``Trainer.set_hyperparameters``. Importing this module needs Ray (``pip install 'jaderl[ray]'``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from jaderl.api import ALGOS, make_config
+from jaderl.core.checkpoint import load_checkpoint, save_checkpoint
+from jaderl.core.loop import Trainer
+from jaderl.population.cluster import require_ray
+
+require_ray()
+from ray import tune  # noqa: E402  (after the one-sentence check of the optional extra)
+
+TRIAL_KEYS = ("algo", "env", "period")
+"""Keys of a trial's config that are not config fields: the algorithm, the env and the env steps per iteration."""
+
+
+class JaderlTrainable(tune.Trainable):  # type: ignore[misc]
+    """A jaderl Trainer as a Tune trainable; the trial's config names ``algo``, ``env``, ``period`` (env steps per
+    iteration, default 10,000) and any config fields. The run directory is ``run/`` in the trial's directory."""
+
+    def setup(self, config: dict[str, Any]) -> None:
+        self.fields = {k: v for k, v in config.items() if k not in TRIAL_KEYS}
+        self.period = int(config.get("period", 10_000))
+        settings = {"eval_every": self.period, "checkpoint_every": self.period, **self.fields,
+                    "run_dir": str(Path(self.logdir) / "run")}
+        cfg = make_config(config["algo"], config["env"], **settings)
+        self.trainer = Trainer(cfg, ALGOS[cfg.algo].agent_cls)
+
+    def step(self) -> dict[str, Any]:
+        result = self.trainer.run(steps=self.period)
+        return {"eval_return": self.trainer.last_eval, "best_eval_return": result.best_eval_return,
+                "env_steps": result.steps, "done": result.stop_reason in ("total_steps", "solved", "time_limit")}
+
+    def save_checkpoint(self, checkpoint_dir: str) -> None:
+        save_checkpoint(checkpoint_dir, self.trainer.state_dict(), self.trainer.agent.steps)
+
+    def load_checkpoint(self, checkpoint: Any) -> None:
+        self.trainer.load_state_dict(load_checkpoint(checkpoint, self.trainer.device))
+
+    def reset_config(self, new_config: dict[str, Any]) -> bool:
+        """Take a new config in place when only mutable hyperparameters change (Tune's PBT); otherwise Tune starts a
+        new trainable."""
+        fields = {k: v for k, v in new_config.items() if k not in TRIAL_KEYS}
+        mutable = self.trainer.agent.hyperparameters
+        others_same = {k: v for k, v in fields.items() if k not in mutable} == \
+            {k: v for k, v in self.fields.items() if k not in mutable}
+        if not others_same or any(new_config.get(k) != self.config.get(k) for k in TRIAL_KEYS):
+            return False
+        if changed := {k: v for k, v in fields.items() if k in mutable and v != getattr(self.trainer.config, k)}:
+            self.trainer.set_hyperparameters(**changed)
+        self.fields = fields
+        return True
+
+    def cleanup(self) -> None:
+        self.trainer.close()
