@@ -57,7 +57,9 @@ except ImportError:  # pragma: no cover - exercised only without the extra
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
+from jaderl.accel import mixed_precision
 from jaderl.api import ALGOS, make_config
+from jaderl.core.agent import Agent
 from jaderl.core.checkpoint import finite_or_raise, flatten, unflatten
 from jaderl.core.config import Config, ConfigError
 from jaderl.core.loop import Trainer
@@ -166,14 +168,41 @@ class JaderlModule(pl.LightningModule):
         self.jaderl_trainer: Trainer | None = None
         self.networks: nn.ModuleDict | None = None
         self.stop_reason = ""
+        self._loaded_agent: Agent | None = None
+
+    @classmethod
+    def load_from_checkpoint(cls, checkpoint_path: str | os.PathLike[str],  # type: ignore[override]
+                             map_location: str | torch.device | None = None, **kwargs: Any) -> JaderlModule:
+        """The module of a checkpoint written by :class:`SafetensorsCheckpointIO`, with its trained agent in
+        :attr:`agent` (on ``map_location``, default CPU) for ``agent.predict``; ``kwargs`` override its
+        hyperparameters. To train on, pass the file to ``Trainer.fit(module, ckpt_path=...)`` instead."""
+        checkpoint = SafetensorsCheckpointIO().load_checkpoint(checkpoint_path)
+        if "jaderl" not in checkpoint:
+            raise ConfigError(f"{checkpoint_path} holds no jaderl run (it was not written by JaderlModule)")
+        module = cls(**{**checkpoint["hyper_parameters"], **kwargs})
+        device = torch.device(map_location or "cpu")
+        config = module.config.replace(device=str(device))
+        probe = make_env(config.env, 1, device)
+        try:
+            spec = probe.spec  # agents are built from the env's description
+        finally:
+            probe.close()
+        agent = ALGOS[config.algo].agent_cls(config, spec, device)
+        finite_or_raise(checkpoint["jaderl"]["agent"]["networks"], str(checkpoint_path))
+        agent.load_state_dict(checkpoint["jaderl"]["agent"])
+        mixed_precision(agent)  # the networks compute as they did in training (config.precision)
+        module._loaded_agent = agent
+        return module
 
     # --- what fit builds ---
     @property
-    def agent(self) -> Any:
-        """The jaderl agent being trained (built when ``fit`` starts)."""
-        if self.jaderl_trainer is None:
-            raise RuntimeError("the agent is built when Trainer.fit starts; call fit first")
-        return self.jaderl_trainer.agent
+    def agent(self) -> Agent:
+        """The jaderl agent being trained (built when ``fit`` starts, or read by :meth:`load_from_checkpoint`)."""
+        if self.jaderl_trainer is not None:
+            return self.jaderl_trainer.agent
+        if self._loaded_agent is not None:
+            return self._loaded_agent
+        raise RuntimeError("the agent is built when Trainer.fit starts; call fit first")
 
     @property
     def env_steps_per_iteration(self) -> int:
@@ -197,8 +226,11 @@ class JaderlModule(pl.LightningModule):
 
     def setup(self, stage: str) -> None:
         """Build the jaderl Trainer on Lightning's device (a data-parallel learner under DDP)."""
-        if stage != "fit" or self.jaderl_trainer is not None:
+        if stage != "fit":
             return
+        if self.jaderl_trainer is not None:
+            raise ConfigError("this JaderlModule has trained already; continue its run with a new module and "
+                              "Trainer.fit(module, ckpt_path=...)")
         trainer = self.trainer
         if str(trainer.precision) not in ("32-true", "32"):
             raise ConfigError(f"Trainer(precision={trainer.precision!r}) does not apply to jaderl agents; leave "

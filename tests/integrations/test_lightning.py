@@ -26,7 +26,7 @@ from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 from safetensors import safe_open
 
-from jaderl.core.config import Config
+from jaderl.core.config import Config, ConfigError
 from jaderl.integrations.lightning import (
     BOLTS_NAMES,
     DQN,
@@ -75,6 +75,16 @@ def test_fit_logs_metrics_and_stops_at_the_budget(tmp_path: Path) -> None:
     with open(Path(trainer.logger.log_dir) / "jaderl-run" / "metrics.csv") as f:
         jaderl_evals = [float(r["eval_return_mean"]) for r in csv.DictReader(f)]
     assert jaderl_evals == pytest.approx(evals)
+    # the checkpoint of the last epoch gives the trained agent back, ready to act
+    (saved,) = (Path(trainer.logger.log_dir) / "checkpoints").iterdir()
+    loaded = JaderlModule.load_from_checkpoint(saved)
+    for name, network in model.agent.networks().items():
+        for key, value in network.state_dict().items():
+            assert torch.equal(loaded.agent.networks()[name].state_dict()[key], value), (name, key)
+    obs = torch.zeros(4)
+    assert loaded.agent.predict(obs) == model.agent.predict(obs)
+    with pytest.raises(ConfigError, match="trained already"):  # a run goes on through a checkpoint, not a 2nd fit
+        lightning_trainer(tmp_path / "again").fit(model)
 
 
 def test_eval_return_drives_model_checkpoint_and_early_stopping(tmp_path: Path) -> None:
