@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 
 import torch
 
@@ -17,7 +18,24 @@ from jaderl.envs.vec import EnvError, EnvSpec, GymnasiumVecEnv, VecEnv
 TORCH_ENVS: dict[str, type[VecEnv]] = {**_CLASSIC_ENVS, **MORE_TORCH_ENVS, **CHASING_ENVS, **STOCK_ENVS, **MPE_ENVS}
 """Every torch-native env id and its class; each class takes ``(num_envs, device, dtype, seed)``."""
 
-__all__ = ["TORCH_ENVS", "EnvError", "EnvSpec", "GymnasiumVecEnv", "VecEnv", "make_env"]
+EnvFactory = Callable[[int, torch.device, "int | None"], VecEnv]
+"""Builds ``num_envs`` sub-envs on a device with a seed: ``factory(num_envs, device, seed) -> VecEnv``."""
+
+REGISTERED_ENVS: dict[str, EnvFactory] = {}
+"""Env ids added by :func:`register_env`."""
+
+__all__ = ["REGISTERED_ENVS", "TORCH_ENVS", "EnvError", "EnvSpec", "GymnasiumVecEnv", "VecEnv", "make_env",
+           "register_env"]
+
+
+def register_env(name: str, factory: EnvFactory) -> None:
+    """Make ``name`` an env id that :func:`make_env`, ``jaderl.train`` and the Trainer build with ``factory(num_envs,
+    device, seed)``: the way to train on a simulator jaderl has no id for, such as an Isaac Lab task or a ManiSkill3
+    env wrapped in :class:`~jaderl.envs.torch_vector.TorchVectorEnv` (docs/simulators.md). The evaluator builds a
+    second env of the same id with ``eval_episodes`` sub-envs."""
+    if not name or "?" in name or name in TORCH_ENVS:
+        raise EnvError(f"cannot register env {name!r}: choose a new id without '?' (the built-in ids are taken)")
+    REGISTERED_ENVS[name] = factory
 
 
 def _options(name: str, query: str) -> dict[str, bool | int | float | str]:
@@ -45,6 +63,8 @@ def make_env(name: str, num_envs: int, device: torch.device | str = "cpu", seed:
     ``workers > 0`` steps a Gymnasium id in that many worker processes alongside this one, through shared memory
     (:class:`~jaderl.envs.subproc.SubprocVecEnv`); the default steps it in this process. Torch-native and Atari
     envs ignore it."""
+    if name in REGISTERED_ENVS:
+        return REGISTERED_ENVS[name](num_envs, torch.device(device), seed)
     if is_atari_id(name):
         return make_atari_env(name, num_envs, device)
     if is_stock_id(name):  # jaderl/StockTrading-v0, with or without ?KEY=VALUE options (jaderl.envs.stock)

@@ -1,0 +1,144 @@
+"""GPU simulators that speak Gymnasium's vector API in torch tensors (Isaac Lab, ManiSkill3): no numpy round trip.
+
+Isaac Lab's tasks (``gym.make("Isaac-Cartpole-v0", cfg=...)``), ManiSkill3's ``ManiSkillVectorEnv`` and Gymnasium's own
+``NumpyToTorch`` vector wrapper all step thousands of sub-envs in one call and return torch tensors on their device.
+:class:`TorchVectorEnv` adapts any of them to jaderl's contract (:mod:`jaderl.envs.vec`) as they are: actions are
+rescaled from ``[-1, 1]`` to the action space's bounds on the env's device and handed over as one tensor; the
+observations, rewards and flags come back as views or cheap casts on the training device (no copy when the env
+already computes there, which is the point: a GPU simulator and the learner share one device).
+
+What the adapter reads:
+
+* **Observations**: a tensor ``(N, *obs_shape)``, or a dict of tensors from which ``obs_key`` is taken (Isaac Lab's
+  ``{"policy": ...}``, the default key).
+* **Actions**: a ``Discrete`` space (jaderl's action ``i`` is the space's ``start + i``) or a bounded 1-D ``Box``
+  (jaderl's ``[-1, 1]`` rescaled to its bounds).
+* **Episode ends**: the env must reset finished sub-envs inside ``step`` (all three do). What each sub-env reached
+  before its reset is read from ``info["final_obs"]`` (Gymnasium 1.x's name) or ``info["final_observation"]``
+  (ManiSkill3's): a tensor ``(N, *obs_shape)`` whose rows of finished sub-envs are used (``NumpyToTorch`` needs
+  those rows stacked into one array first: Gymnasium's same-step autoreset stores them as an object array, which its
+  converter cannot turn into a tensor; see ``tests/envs/test_torch_vector.py``). Isaac Lab gives no final
+  observation: a sub-env truncated at its time limit then bootstraps from its reset observation, which Isaac Lab's own
+  training scripts (rsl_rl, skrl) accept too; that is documented for it in docs/simulators.md.
+* **Episode length**: ``max_steps`` from the env's ``spec.max_episode_steps`` or Isaac Lab's ``max_episode_length``.
+
+Observations and rewards are checked for NaN only on the CPU (a check on a GPU would wait for the device every
+step); on a GPU the agent's loss check catches a diverged run.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+import torch
+
+from jaderl.envs.vec import NONFINITE_ACTIONS, EnvError, VecEnv, discrete_action_error
+
+
+class TorchVectorEnv(VecEnv):
+    """Adapts a Gymnasium-API vector env that returns torch tensors to the jaderl contract (see the module docstring).
+
+    ``device``: the training device the tensors are moved to (default: the env's own ``device`` attribute, else the
+    device of the first observation); ``obs_key``: the entry of a dict observation the agent reads."""
+
+    def __init__(self, env: Any, device: str | torch.device | None = None, obs_key: str = "policy") -> None:
+        if not hasattr(env, "num_envs") or not hasattr(env, "single_action_space"):
+            raise EnvError(f"cannot adapt {type(env).__name__}: TorchVectorEnv takes a Gymnasium-API vector env "
+                           "(num_envs, single_observation_space, single_action_space)")
+        self.env, self.obs_key, self.num_envs = env, obs_key, int(env.num_envs)
+        env_device = getattr(env.unwrapped, "device", None) or getattr(env, "device", None)
+        self.device = torch.device(device if device is not None else env_device if env_device is not None else "cpu")
+        self.env_device = torch.device(env_device) if env_device is not None else self.device
+        obs_space = env.single_observation_space
+        if isinstance(obs_space, gym.spaces.Dict):
+            if obs_key not in obs_space.spaces:
+                raise EnvError(f"the env observes a dict with keys {sorted(obs_space.spaces)}; pass obs_key= one of "
+                               "them (the one the policy reads)")
+            obs_space = obs_space[obs_key]
+        if not isinstance(obs_space, gym.spaces.Box):
+            raise EnvError(f"observation space {obs_space} is not supported: jaderl needs a Box observation space")
+        self.obs_shape = tuple(obs_space.shape)
+        act_space = env.single_action_space
+        if isinstance(act_space, gym.spaces.Discrete):
+            self.is_discrete, self.action_dim, self._start = True, int(act_space.n), int(act_space.start)
+            self._low = self._high = None
+        elif isinstance(act_space, gym.spaces.Box) and len(act_space.shape) == 1:
+            low, high = torch.as_tensor(act_space.low, dtype=torch.float64), torch.as_tensor(act_space.high,
+                                                                                             dtype=torch.float64)
+            if not (torch.isfinite(low).all() and torch.isfinite(high).all()):
+                raise EnvError(f"action space {act_space} is unbounded: jaderl rescales actions from [-1, 1]; wrap "
+                               "the env to clip its actions to finite bounds")
+            self.is_discrete, self.action_dim, self._start = False, int(act_space.shape[0]), 0
+            self._low, self._high = low.numpy(), high.numpy()  # the spec's bounds
+            self._scale_low = low.to(self.env_device, torch.float32)
+            self._scale = ((high - low) * 0.5).to(self.env_device, torch.float32)
+        else:
+            raise EnvError(f"action space {act_space} is not supported: use Discrete or a 1-D Box")
+        self.max_steps = _episode_limit(env)
+
+    def _obs(self, obs: Any) -> torch.Tensor:
+        if isinstance(obs, dict):
+            obs = obs[self.obs_key]
+        obs = torch.as_tensor(obs, device=self.device)
+        obs = obs if obs.dtype in (torch.uint8, torch.float32) else obs.float()
+        if self.device.type == "cpu" and obs.dtype != torch.uint8 and not bool(torch.isfinite(obs).all()):
+            raise EnvError("the env returned a non-finite observation; fix the env or wrap it to clip or reset")
+        return obs.reshape(self.num_envs, *self.obs_shape)
+
+    def _actions(self, action: torch.Tensor) -> torch.Tensor:
+        """jaderl's actions as the env's: ``(N,)`` integers from the space's start, or ``(N, action_dim)`` rescaled
+        from ``[-1, 1]`` to the bounds; on the env's device."""
+        expected = (self.num_envs,) if self.is_discrete else (self.num_envs, self.action_dim)
+        if action.numel() != self.num_envs * (1 if self.is_discrete else self.action_dim):
+            raise EnvError(f"expected actions of shape {expected}, got {tuple(action.shape)}")
+        action = action.reshape(expected).to(self.env_device)
+        if self.is_discrete:
+            if action.device.type == "cpu" and self.num_envs and (int(action.min()) < 0
+                                                                  or int(action.max()) >= self.action_dim):
+                raise discrete_action_error("the env", self.action_dim, int(action.min()), int(action.max()))
+            return action.long() + self._start
+        if action.device.type == "cpu" and not bool(torch.isfinite(action).all()):
+            raise EnvError(NONFINITE_ACTIONS)
+        return torch.addcmul(self._scale_low, action.float().clamp(-1.0, 1.0) + 1.0, self._scale)
+
+    def reset(self, seed: int | None = None) -> torch.Tensor:
+        obs, _ = self.env.reset(seed=seed)
+        return self._obs(obs)
+
+    def step(self, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, dict]:
+        obs, reward, terminated, truncated, info = self.env.step(self._actions(action))
+        obs = self._obs(obs)
+        reward = torch.as_tensor(reward, device=self.device).reshape(self.num_envs).float()
+        if self.device.type == "cpu" and not bool(torch.isfinite(reward).all()):
+            raise EnvError("the env returned a non-finite reward; fix the env or wrap it to clip or reset")
+        terminated = torch.as_tensor(terminated, device=self.device).reshape(self.num_envs).bool()
+        truncated = torch.as_tensor(truncated, device=self.device).reshape(self.num_envs).bool()
+        final = info.get("final_obs", info.get("final_observation")) if isinstance(info, dict) else None
+        if final is None:
+            final_obs = obs
+        else:
+            done = (terminated | truncated).view(-1, *([1] * len(self.obs_shape)))
+            final_obs = torch.where(done, self._obs(final), obs)
+        return obs, reward, terminated, truncated, {"final_obs": final_obs}
+
+    def close(self) -> None:
+        self.env.close()
+
+
+def _episode_limit(env: Any) -> int:
+    """The steps after which a sub-env is truncated, 0 when unknown: the env's spec (Gymnasium; a vector env built
+    from sub-envs gives theirs), ManiSkill3's ``max_episode_steps`` or Isaac Lab's ``max_episode_length``."""
+    base = env.unwrapped
+    spec = getattr(base, "spec", None) or getattr(env, "spec", None)
+    if spec is None and hasattr(base, "get_attr"):
+        try:
+            spec = base.get_attr("spec")[0]
+        except (AttributeError, IndexError, TypeError):
+            spec = None
+    for limit in (getattr(spec, "max_episode_steps", None), getattr(base, "max_episode_steps", None),
+                  getattr(base, "max_episode_length", None)):
+        if isinstance(limit, int) and limit > 0:
+            return limit
+    return 0
+

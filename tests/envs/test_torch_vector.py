@@ -1,0 +1,155 @@
+"""TorchVectorEnv: Gymnasium-API vector envs that return torch tensors (Isaac Lab, ManiSkill3), tested on the CPU
+through Gymnasium's own NumpyToTorch vector wrapper, which serves the same interface."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from gymnasium.wrappers.vector import NumpyToTorch  # its converter needs array-api-compat (in the dev extra)
+
+import jaderl
+from jaderl.envs import REGISTERED_ENVS, EnvError, GymnasiumVecEnv, make_env, register_env
+from jaderl.envs.torch_vector import TorchVectorEnv
+
+
+class DenseFinalObs(gym.vector.VectorWrapper):
+    """Gymnasium's same-step autoreset stores the final observations as an object array (None where nothing ended),
+    which NumpyToTorch cannot convert; this stacks them into one (N, *obs_shape) array, as ManiSkill3 gives them."""
+
+    def step(self, actions: Any) -> Any:
+        obs, reward, terminated, truncated, info = self.env.step(actions)
+        if "final_obs" in info:
+            dense = np.array(obs, copy=True)
+            ended = info.pop("_final_obs")
+            dense[ended] = np.stack(info["final_obs"][ended])
+            info = {"final_obs": dense}
+        return obs, reward, terminated, truncated, info
+
+
+class ActionSpy(gym.vector.VectorWrapper):
+    """Records the type of every action batch the simulator is given."""
+
+    def __init__(self, env: gym.vector.VectorEnv) -> None:
+        super().__init__(env)
+        self.types: list[type] = []
+
+    def step(self, actions: Any) -> Any:
+        self.types.append(type(actions))
+        return self.env.step(actions)
+
+
+def torch_env(env_id: str, num_envs: int) -> ActionSpy:
+    vec = gym.vector.SyncVectorEnv([lambda: gym.make(env_id)] * num_envs,
+                                   autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    return ActionSpy(NumpyToTorch(DenseFinalObs(vec)))
+
+
+@pytest.mark.parametrize(("env_id", "steps"), [("Pendulum-v1", 205), ("CartPole-v1", 150)])
+def test_matches_the_numpy_adapter_step_for_step(env_id: str, steps: int) -> None:
+    """The same sub-envs, seeds and actions through TorchVectorEnv (torch all the way) and GymnasiumVecEnv (numpy):
+    identical observations, rewards, flags and final observations, across terminations and truncations."""
+    spy = torch_env(env_id, 4)
+    ours = TorchVectorEnv(spy)
+    reference = GymnasiumVecEnv(env_id, num_envs=4)
+    assert ours.spec == reference.spec
+    torch.testing.assert_close(ours.reset(seed=7), reference.reset(seed=7))
+    gen, ended = torch.Generator().manual_seed(0), 0
+    for _ in range(steps):
+        if ours.is_discrete:
+            action = torch.randint(ours.action_dim, (4,), generator=gen)
+        else:
+            action = torch.rand(4, ours.action_dim, generator=gen) * 2.4 - 1.2  # some outside [-1, 1]: clipped
+        got, want = ours.step(action), reference.step(action)
+        for a, b in zip(got[:4], want[:4], strict=True):
+            assert a.dtype == b.dtype and a.device == b.device
+            torch.testing.assert_close(a, b)
+        torch.testing.assert_close(got[4]["final_obs"], want[4]["final_obs"])
+        ended += int((got[2] | got[3]).sum())
+    assert ended > 0  # episodes ended, so final observations were compared
+    assert set(spy.types) == {torch.Tensor}  # the simulator was handed torch tensors, never numpy arrays
+    ours.close()
+    reference.close()
+
+
+class IsaacLike:
+    """An env shaped like an Isaac Lab task: dict observations {"policy": ...}, torch everywhere, a
+    ``max_episode_length``, finished sub-envs reset inside step with no final observation."""
+
+    def __init__(self, num_envs: int) -> None:
+        self.num_envs, self.device, self.max_episode_length = num_envs, "cpu", 3
+        box = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
+        self.single_observation_space = gym.spaces.Dict({"policy": box, "critic": box})
+        self.single_action_space = gym.spaces.Box(-2.0, 2.0, (1,), np.float32)
+        self.unwrapped, self.t, self.actions = self, torch.zeros(num_envs, dtype=torch.long), []
+
+    def _obs(self) -> dict[str, torch.Tensor]:
+        policy = torch.stack([self.t.float(), torch.ones(self.num_envs)], -1)
+        return {"policy": policy, "critic": -policy}
+
+    def reset(self, seed: int | None = None) -> tuple[dict[str, torch.Tensor], dict]:
+        self.t.zero_()
+        return self._obs(), {}
+
+    def step(self, action: torch.Tensor) -> tuple[Any, ...]:
+        self.actions.append(action)
+        self.t += 1
+        truncated = self.t >= self.max_episode_length
+        self.t[truncated] = 0
+        return self._obs(), action[:, 0].clone(), torch.zeros_like(truncated), truncated, {"log": {}}
+
+    def close(self) -> None:
+        pass
+
+
+def test_dict_observations_rescaled_actions_and_no_final_observation() -> None:
+    sim = IsaacLike(5)
+    env = TorchVectorEnv(sim)
+    assert env.obs_shape == (2,) and env.max_steps == 3 and not env.is_discrete
+    assert env.spec.action_low == (-2.0,) and env.spec.action_high == (2.0,)
+    torch.testing.assert_close(env.reset(), torch.tensor([[0.0, 1.0]] * 5))
+    action = torch.tensor([[-1.0], [0.0], [0.5], [1.0], [3.0]])
+    for _ in range(3):
+        obs, reward, terminated, truncated, info = env.step(action)
+    torch.testing.assert_close(sim.actions[-1], torch.tensor([[-2.0], [0.0], [1.0], [2.0], [2.0]]))
+    torch.testing.assert_close(reward, torch.tensor([-2.0, 0.0, 1.0, 2.0, 2.0]))
+    assert bool(truncated.all()) and not bool(terminated.any())
+    assert info["final_obs"] is obs  # nothing better to bootstrap from: the reset observation (documented)
+    with pytest.raises(EnvError, match="pass obs_key= one of them"):
+        TorchVectorEnv(IsaacLike(2), obs_key="state")
+
+
+def test_unsupported_spaces_and_bad_actions_are_one_sentence() -> None:
+    sim = IsaacLike(2)
+    sim.single_action_space = gym.spaces.Box(-np.inf, np.inf, (1,), np.float32)
+    with pytest.raises(EnvError, match="unbounded"):
+        TorchVectorEnv(sim)
+    env = TorchVectorEnv(torch_env("CartPole-v1", 2))
+    env.reset(seed=0)
+    with pytest.raises(EnvError, match="expected actions of shape"):
+        env.step(torch.zeros(3, dtype=torch.long))
+    with pytest.raises(EnvError):
+        env.step(torch.tensor([0, 2]))
+    with pytest.raises(EnvError, match="cannot adapt"):
+        TorchVectorEnv(object())
+    env.close()
+
+
+def test_a_registered_simulator_trains_resumes_and_evaluates(tmp_path: Path) -> None:
+    name = "test/torch-cartpole"
+    register_env(name, lambda num_envs, device, seed: TorchVectorEnv(torch_env("CartPole-v1", num_envs), device))
+    try:
+        assert isinstance(make_env(name, 2), TorchVectorEnv)
+        settings = dict(num_envs=4, horizon=32, minibatch_size=64, num_epochs=1, hidden=[16, 16], eval_every=256,
+                        checkpoint_every=256, eval_episodes=2, device="cpu", seed=0)
+        result = jaderl.train("ppo", name, run_dir=str(tmp_path / "run"), total_steps=256, **settings)
+        assert result.steps == 256 and np.isfinite(result.last_eval_return)
+        assert jaderl.resume(tmp_path / "run", total_steps=512).steps == 512
+        with pytest.raises(EnvError, match="cannot register"):
+            register_env("jaderl/CartPole-v1", lambda num_envs, device, seed: make_env("CartPole-v1", num_envs))
+    finally:
+        REGISTERED_ENVS.pop(name, None)
