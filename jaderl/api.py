@@ -62,8 +62,10 @@ def _run(config: Config, resume: bool, progress: Progress | None) -> TrainResult
 
             return train_pipeline(config, agent_cls, resume=resume, progress=progress)
         if config.learners > 1:
-            from jaderl.parallel.ddp import train_ddp
+            from jaderl.parallel.ddp import launched_by_torchrun, train_ddp, train_torchrun
 
+            if launched_by_torchrun():  # this process is one learner of a group on one or several machines
+                return train_torchrun(config, agent_cls, resume=resume, progress=progress)
             return train_ddp(config, agent_cls, resume=resume, progress=progress)
         return train_loop(config, agent_cls, resume=resume, progress=progress)
     except RuntimeError as exc:

@@ -283,22 +283,31 @@ def _checkpoint_step(run_dir: Path) -> int | None:
 
 
 def _prepare_learner_dirs(config: Config, resume: bool) -> None:
-    """Create every learner's directory; when resuming, give a learner whose checkpoint is missing or from another
-    step (a run started with fewer learners, or stopped between two learners' checkpoints) learner 0's data with
-    fresh random streams."""
-    run_dir = Path(config.run_dir)
-    main_step = _checkpoint_step(run_dir) if resume else None
+    """Create every learner's directory (see :func:`_prepare_learner_dir`)."""
     for rank in range(1, config.learners):
-        own = learner_config(config, rank)
-        learner_dir = Path(own.run_dir)
-        learner_dir.mkdir(parents=True, exist_ok=True)
-        if not resume or _checkpoint_step(learner_dir) == main_step:
-            continue
-        state = load_checkpoint(run_dir)
-        generator = torch.Generator().manual_seed(own.seed + int(main_step or 0))
-        state["rng"], state["env"], state["last_obs"] = {"torch": generator.get_state(), "cuda": None}, None, None
-        state["config"] = own.to_dict()
-        save_checkpoint(learner_dir, state, int(main_step or 0))
+        _prepare_learner_dir(config, rank, resume)
+
+
+def _prepare_learner_dir(config: Config, rank: int, resume: bool) -> None:
+    """Create learner ``rank``'s directory; when resuming, give it learner 0's data with fresh random streams if its
+    checkpoint is missing or from another step (a run started with fewer learners, or stopped between two learners'
+    checkpoints)."""
+    run_dir = Path(config.run_dir)
+    own = learner_config(config, rank)
+    learner_dir = Path(own.run_dir)
+    learner_dir.mkdir(parents=True, exist_ok=True)
+    main_step = _checkpoint_step(run_dir) if resume else None
+    if not resume or _checkpoint_step(learner_dir) == main_step:
+        return
+    if main_step is None:
+        raise ConfigError(f"learner {rank} cannot resume: its checkpoint in {learner_dir} is missing or from another "
+                          f"step, and learner 0's checkpoint in {run_dir} is not readable on this machine; copy "
+                          "learner 0's run directory here or start a new run")
+    state = load_checkpoint(run_dir)
+    generator = torch.Generator().manual_seed(own.seed + int(main_step))
+    state["rng"], state["env"], state["last_obs"] = {"torch": generator.get_state(), "cuda": None}, None, None
+    state["config"] = own.to_dict()
+    save_checkpoint(learner_dir, state, int(main_step))
 
 
 @contextlib.contextmanager
@@ -430,3 +439,65 @@ def _failure(processes: list[Any], errors: list[tuple[int, str, str, str]]) -> E
                             "last checkpoint is kept")
     exc.add_note(f"traceback of learner {rank}:\n{trace}")
     return exc
+
+
+# --- learners started by torchrun (one or several machines) ---
+
+TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def launched_by_torchrun() -> bool:
+    """True in a process that ``torchrun`` (or another ``env://`` launcher) started as one of a group."""
+    return all(name in os.environ for name in TORCHRUN_VARIABLES)
+
+
+def _broadcast_text(text: str, device: torch.device) -> str:
+    """Learner 0's ``text`` on every learner (UTF-8 bytes in two broadcasts: length, then content)."""
+    data = torch.tensor(list(text.encode()), dtype=torch.uint8, device=device)
+    size = torch.tensor([data.numel()], dtype=torch.int64, device=device)
+    dist.broadcast(size, src=0)
+    if int(size.item()) == 0:
+        return ""
+    buffer = data if dist.get_rank() == 0 else torch.empty(int(size.item()), dtype=torch.uint8, device=device)
+    dist.broadcast(buffer, src=0)
+    return bytes(buffer.tolist()).decode()
+
+
+def train_torchrun(config: Config, agent_cls: type[Agent], resume: bool = False,
+                   progress: Callable[[dict[str, Any]], None] | None = None) -> TrainResult:
+    """Train as one learner of a group that ``torchrun`` started, on one machine or several (``env://`` rendezvous:
+    ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``; ``LOCAL_RANK`` picks the GPU). ``WORLD_SIZE`` must
+    equal ``config.learners``. Learner 0 writes the run directory; learner r > 0 writes ``RUN_DIR/learner-r`` on its
+    own machine's disk (a resume needs each learner's own directory, or learner 0's on a shared disk). torchrun
+    watches the processes: a learner that fails ends the group. Returns this learner's summary (learner 0's is the
+    run's)."""
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if world != config.learners:
+        raise ConfigError(f"torchrun started {world} learner process{'es' if world != 1 else ''} but "
+                          f"learners={config.learners}; pass "
+                          f"--learners {world}")
+    device = resolve_device(config.device)
+    if device.type == "cuda":
+        device = torch.device("cuda", (device.index or 0) + int(os.environ.get("LOCAL_RANK", 0)))
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", init_method="env://",
+                            timeout=COLLECTIVE_TIMEOUT)
+    try:
+        failure = ""
+        if rank == 0:  # learner 0 names and creates the run directory; the others learn its name
+            try:
+                prepare_run_dir(config, resume)
+            except ConfigError as exc:
+                failure = str(exc)
+        failure = _broadcast_text(failure, device)
+        if failure:
+            raise ConfigError(failure if rank == 0 else f"learner 0 could not start the run: {failure}")
+        config = config.replace(run_dir=_broadcast_text(str(config.run_dir), device))
+        if rank > 0:
+            _prepare_learner_dir(config, rank, resume)
+        own = learner_config(config, rank).replace(device=str(device))
+        return train(own, agent_cls, resume=resume, progress=progress if rank == 0 else None,
+                     coordinator=Learners())
+    finally:
+        dist.destroy_process_group()
+
