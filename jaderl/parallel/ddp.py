@@ -297,7 +297,9 @@ def _prepare_learner_dir(config: Config, rank: int, resume: bool) -> None:
     learner_dir = Path(own.run_dir)
     learner_dir.mkdir(parents=True, exist_ok=True)
     main_step = _checkpoint_step(run_dir) if resume else None
-    if not resume or _checkpoint_step(learner_dir) == main_step:
+    own_step = _checkpoint_step(learner_dir) if resume else None
+    # learner 0's checkpoint not readable here (another machine): the learner's own checkpoint is all there is
+    if not resume or own_step == main_step or (main_step is None and own_step is not None):
         return
     if main_step is None:
         raise ConfigError(f"learner {rank} cannot resume: its checkpoint in {learner_dir} is missing or from another "
