@@ -106,7 +106,11 @@ def connected(address: str | None = None, num_cpus: int | None = None) -> Iterat
             ray.init(address=address, log_to_driver=False)
         else:
             ray.init(num_cpus=num_cpus or os.cpu_count() or 1, include_dashboard=False, log_to_driver=False)
-    except (ConnectionError, RuntimeError, ValueError) as exc:
+    except ray.exceptions.AuthenticationError:
+        raise ConfigError(f"the Ray cluster at {address} refused this driver: it has token authentication on; "
+                          "give its token in RAY_AUTH_TOKEN (with RAY_AUTH_MODE=token), as `ray get-auth-token` "
+                          "prints it on the head node") from None
+    except (ConnectionError, RuntimeError, ValueError, ray.exceptions.RayError) as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         where = f"the Ray cluster at {address}" if address else "a local Ray"
         raise ConfigError(f"could not connect to {where} ({first[:200]}); check the address (host:port of the head "
