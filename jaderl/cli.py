@@ -45,7 +45,7 @@ def whole_number(text: str) -> int:
 TRAIN_FLAGS = {"seed": whole_number, "num_envs": whole_number, "total_steps": whole_number, "target_return": float,
                "time_limit": float, "device": str, "run_dir": str, "eval_every": whole_number,
                "eval_episodes": whole_number, "checkpoint_every": whole_number, "workers": whole_number,
-               "learners": whole_number}
+               "learners": whole_number, "record_every": whole_number}
 
 
 class _Parser(argparse.ArgumentParser):

@@ -62,6 +62,8 @@ class Config:
     eval_every: int = param(10_000, "evaluate every this many env steps", low=1)
     eval_episodes: int = param(10, "deterministic episodes per evaluation, run as parallel sub-envs", low=1)
     checkpoint_every: int = param(50_000, "checkpoint every this many env steps", low=1)
+    record_every: int = param(0, "record an MP4 of the deterministic policy every this many env steps into "
+                              "RUN_DIR/videos/step-N/ (0: never; needs the [video] extra)", low=0)
     num_threads: int = param(1, "torch CPU threads; 1 is fastest for small networks", low=1)
     workers: int = param(0, "explorer worker processes feeding one learner, with an evaluator process beside them "
                          "(0: explore, learn and evaluate in this process)", low=0)

@@ -41,6 +41,10 @@ from jaderl.core.evaluator import Evaluator
 from jaderl.envs import EnvSpec, VecEnv, make_env
 from jaderl.interrupts import ForcedInterrupt, deferred_interrupt
 
+VIDEO_RECORDER: list[tuple[Callable[[Agent, Path], object], Callable[[], None]]] = []
+"""What ``record_every`` records with, ``(record(agent, out_dir), check())``: installed by
+:mod:`jaderl.integrations.video` (above the core, which cannot import it)."""
+
 INTERRUPT_GRACE_S = 5.0
 """After Ctrl-C, how long a run waits for an evaluation under way before its last checkpoint (one not finished by
 then is due again after a resume)."""
@@ -143,6 +147,10 @@ class Trainer:
         set_rng_state(self.device, outer)
         self.env: VecEnv | None = None
         self.evaluator: Evaluator | None = None
+        if config.record_every:  # before anything is made: a missing package is one sentence naming the extra
+            if not VIDEO_RECORDER:
+                raise ConfigError("record_every needs jaderl.integrations.video; import jaderl first")
+            VIDEO_RECORDER[0][1]()
         try:  # a failing set-up (bad checkpoint, run directory, peers) closes the env: no worker process outlives it
             with self.own_rng():
                 spec = self.make_env()
@@ -152,6 +160,7 @@ class Trainer:
                 accelerate(self.agent)  # config.compile: compiled act and loss functions, eager fallback
                 self.buffer = self.agent.make_buffer()
             self.time_s, self.next_eval, self.next_checkpoint = 0.0, config.eval_every, config.checkpoint_every
+            self.next_record = config.record_every
             self.history: list[dict[str, Any]] = []  # hyperparameters changed during the run, with the step
             self.stats: dict[str, torch.Tensor] = {}  # the latest update's statistics
             self.last_eval = math.nan
@@ -239,6 +248,9 @@ class Trainer:
                 self.step()
                 reason = self.budget_reason(until)
                 reason = self._evaluate_if_due(reason)
+                if self.config.record_every and self.evaluator is not None and self.agent.steps >= self.next_record:
+                    self.next_record = (self.agent.steps // self.config.record_every + 1) * self.config.record_every
+                    VIDEO_RECORDER[0][0](self.agent, self.run_dir / "videos" / f"step-{self.agent.steps}")
                 if self.coordinator is not None:
                     reason = self.coordinator.agree(reason)
                 if self.agent.steps >= self.next_checkpoint or reason:
@@ -329,6 +341,8 @@ class Trainer:
         counters = state["counters"]
         self.time_s, self.next_eval, self.next_checkpoint = (counters["time_s"], counters["next_eval"],
                                                              counters["next_checkpoint"])
+        every = self.config.record_every
+        self.next_record = (self.agent.steps // every + 1) * every if every else 0
         continued = state["env"] is not None and self.env is not None and self.env.state_dict() is not None
         self.buffer.load_state_dict(*state["buffer"], cut_episodes=not continued)
         self.rng = (state["rng"]["torch"].clone(), None if state["rng"]["cuda"] is None else state["rng"]["cuda"])

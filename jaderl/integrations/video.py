@@ -31,6 +31,7 @@ import torch
 
 from jaderl.core.agent import Agent
 from jaderl.core.config import ConfigError
+from jaderl.core.loop import VIDEO_RECORDER
 from jaderl.envs import make_env
 from jaderl.envs.atari import is_atari_id
 from jaderl.envs.classic import AcrobotEnv, CartPoleEnv, MountainCarContinuousEnv, MountainCarEnv, PendulumEnv
@@ -203,3 +204,12 @@ def draw_circles(circles: list[tuple[float, float, float, tuple[float, float, fl
 
 
 __all__ = ["draw_circles", "record"]
+
+
+def _check_video_packages() -> None:
+    require(("imageio", "imageio_ffmpeg"), "recording videos", "video")
+
+
+VIDEO_RECORDER[:] = [(lambda agent, out: record(agent, out, episodes=1), _check_video_packages)]
+"""``record_every``: the Trainer records one episode into ``RUN_DIR/videos/step-N/`` every that many env steps."""
+

@@ -151,3 +151,27 @@ def test_cli_record_refuses_a_missing_run(tmp_path: Path, capsys: pytest.Capture
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert "holds no readable checkpoint" in err and len(err.strip().splitlines()) == 1
+
+
+def test_record_every_records_during_training_and_after_a_resume(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    code = main(["train", "ppo", "jaderl/CartPole-v1", "--run-dir", str(run_dir), "--record-every", "128",
+                 "--total-steps", "256", "--eval-every", "256", "--eval-episodes", "1", "--num-envs", "4",
+                 "--device", "cpu", "--set", "horizon=16", "--set", "minibatch_size=32", "--set", "hidden=[16]"])
+    assert code == 0
+    assert sorted(p.name for p in (run_dir / "videos").iterdir()) == ["step-128", "step-256"]
+    agent = jaderl.load(run_dir, best=False)  # the last policy, as it was when step-256 was recorded
+    steps, _, _ = torch_episode(agent, "jaderl/CartPole-v1", seed=0)
+    assert read_frames(run_dir / "videos" / "step-256" / "episode-0.mp4").shape[0] == steps + 1
+    jaderl.resume(run_dir, total_steps=384)
+    assert sorted(p.name for p in (run_dir / "videos").iterdir()) == ["step-128", "step-256", "step-384"]
+
+
+def test_record_every_without_the_video_packages_stops_before_training(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "imageio" else real(name, *a))
+    with pytest.raises(ConfigError, match=r"pip install 'jaderl\[video\]'"):
+        jaderl.train("ppo", "jaderl/CartPole-v1", run_dir=str(tmp_path / "run"), record_every=64, **SETTINGS,
+                     **ON_POLICY)
+    assert not (tmp_path / "run").exists()
