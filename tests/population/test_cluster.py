@@ -122,3 +122,67 @@ def test_population_runs_across_two_nodes(two_node_cluster: tuple[str, dict[str,
     assert refused.returncode == 2 and not (tmp_path / "other").exists()
     errors = [line for line in refused.stderr.splitlines() if line.startswith("jaderl: error:")]
     assert len(errors) == 1 and "token authentication" in errors[0], refused.stderr
+
+
+def _descendants_of(root: int) -> dict[int, str]:
+    parents, commands = {}, {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+                commands[int(entry.name)] = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(
+                    errors="replace")
+            except OSError:
+                continue
+            parents[int(entry.name)] = int(stat[stat.rindex(")") + 2:].split()[1])
+    found, frontier = {}, [root]
+    while frontier:
+        parent = frontier.pop()
+        for pid, ppid in parents.items():
+            if ppid == parent and pid not in found:
+                found[pid] = commands[pid]
+                frontier.append(pid)
+    return found
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` is a running process (not gone, not a zombie)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] != "Z"
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_every_member_and_the_local_ray(tmp_path: Path) -> None:
+    """SIGINT to `jaderl pbt` while its members train: exit code 130, every process it started (the local Ray, the
+    members) is gone, and the members' checkpoints stay. Budget: about 40 s."""
+    argv = [str(BIN / "jaderl"), "pbt", "ppo", "jaderl/CartPole-v1", "--members", "2", "--period", "100000",
+            "--generations", "2", "--run-dir", str(tmp_path / "pop"), "--space", "lr=loguniform:1e-4:1e-2"]
+    for key, value in dict(num_envs=4, horizon=32, minibatch_size=64, num_epochs=2, hidden="[16,16]",
+                           eval_episodes=2, device="cpu", checkpoint_every=256).items():
+        argv += ["--set", f"{key}={value}"]
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+    driver = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and driver.poll() is None:
+            started = _descendants_of(driver.pid)
+            if sum(cmd.startswith("ray::Member.train_until") for cmd in started.values()) == 2 and \
+                    len(list((tmp_path / "pop" / "members").glob("m*/checkpoint.json"))) == 2:
+                break
+            time.sleep(0.2)
+        assert driver.poll() is None, driver.communicate()[1][-2000:]
+        driver.send_signal(signal.SIGINT)
+        _, err = driver.communicate(timeout=60)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait()
+    assert driver.returncode == 130, err[-2000:]
+    deadline = time.monotonic() + 15
+    while (left := [pid for pid in started if _alive(pid)]) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not left, f"processes left behind: {[started[p] for p in left]}"
+    assert len(list((tmp_path / "pop" / "members").glob("m*/checkpoint.json"))) == 2
