@@ -1,6 +1,6 @@
 """A population's search space: where each mutable hyperparameter is sampled from and how it is perturbed.
 
-A space maps hyperparameter names to :class:`Dimension`\\ s. By default it is the algorithm's own
+A space maps hyperparameter names to a :class:`Dimension` each. By default it is the algorithm's own
 ``Agent.hyperparameters`` (every one, over its whole valid range); a user narrows it with strings such as
 
     lr=loguniform:1e-4:1e-2      gamma=uniform:0.95:0.999      clip_ratio=choice:0.1:0.2:0.3

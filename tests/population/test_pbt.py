@@ -80,6 +80,30 @@ def test_exploit_copies_the_whole_state_and_sets_the_new_hyperparameters(tmp_pat
     child.close()
 
 
+def test_exploit_without_the_buffer_keeps_the_members_own_transitions(tmp_path: Path) -> None:
+    """copy_buffer=False (an off-policy member): the copy takes its parent's networks but keeps its own replay
+    buffer, whose newest episodes are cut where the parent's env state begins."""
+    settings = dict(algo="dqn", env=ENV, num_envs=4, horizon=8, hidden=[16, 16], buffer_size=1000, batch_size=32,
+                    warmup_steps=64, eval_episodes=2, device="cpu", total_steps=10_000)
+    parent = Member({**settings, "seed": 1, "run_dir": str(tmp_path / "a")})
+    child = Member({**settings, "seed": 2, "run_dir": str(tmp_path / "b")})
+    parent.train_until(256)
+    child.train_until(128)
+    own_obs = child.trainer.buffer.state_dict()[0]["obs"].clone()
+    newest = child.trainer.buffer.state_dict()[1]["ptr"] - 1
+    assert not bool(child.trainer.buffer.state_dict()[0]["truncated"][newest].any())  # episodes still running
+    child.exploit(parent.state(include_buffer=False), {"lr": 2e-4})
+    rows, meta = child.trainer.buffer.state_dict()
+    assert torch.equal(rows["obs"], own_obs) and meta["size"] == own_obs.shape[0]
+    ended = rows["truncated"][meta["ptr"] - 1] | rows["terminated"][meta["ptr"] - 1]
+    assert bool(ended.all())  # the newest episodes end before the parent's env state begins
+    for name, tensor in parent.trainer.agent.networks()["q_net"].state_dict().items():
+        assert torch.equal(tensor, child.trainer.agent.networks()["q_net"].state_dict()[name])
+    assert child.describe()["steps"] == 256
+    parent.close()
+    child.close()
+
+
 @pytest.fixture(scope="module")
 def population(local_ray: None, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict, str]:
     """A population of 3 tiny PPO members, 3 generations of 128 steps, made by ``jaderl pbt``: (its directory, the
