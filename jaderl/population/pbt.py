@@ -31,7 +31,7 @@ from jaderl.core.loop import TrainingError, check_spec
 from jaderl.envs import make_env
 from jaderl.population.cluster import PopulationError, Resources, connected
 from jaderl.population.member import remote_member
-from jaderl.population.space import Space, explore, parse_space, sample
+from jaderl.population.space import Space, explore, parse_space, sample, space_entries
 from jaderl.population.store import (
     STATE_JSON,
     copy_run,
@@ -126,10 +126,7 @@ def pbt(algo: str, env: str, *, members: int = 8, period: int = 20_000, generati
     """Train a population of ``members`` agents of ``algo`` on ``env`` with PBT (see the module docstring) in a new
     population directory ``run_dir``; ``settings`` are config fields for every member. With no ``address`` (and
     no ``RAY_ADDRESS``) a local Ray with ``num_cpus`` (default: this machine's) runs it."""
-    entries = dict(e.split("=", 1) if "=" in e else (e, "") for e in space) if isinstance(space, list) else space
-    if isinstance(space, list) and (bad := [e for e in space if "=" not in e]):
-        raise ConfigError(f"--space {bad[0]!r} is not NAME=KIND:LOW:HIGH; write e.g. lr=loguniform:1e-4:1e-2")
-    config = PBTSettings(algo, env, members, period, generations, seed, dict(entries or {}), quantile,
+    config = PBTSettings(algo, env, members, period, generations, seed, space_entries(space), quantile,
                          resample_probability, copy_buffer, resources, max_restarts, settings)
     parsed = config.validate()
     with connected(address, num_cpus) as ray:  # an address that does not answer, or too few resources: no directory

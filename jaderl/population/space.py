@@ -92,28 +92,31 @@ def parse_dimension(name: str, text: str, allowed: Hyperparameter | None) -> Dim
     return dim
 
 
-def parse_space(agent_cls: type[Agent], entries: list[str] | dict[str, str] | None) -> Space:
-    """The search space for ``agent_cls``: ``entries`` (``["lr=loguniform:1e-4:1e-2", ...]`` or a dict name ->
-    ``"loguniform:1e-4:1e-2"``), or the algorithm's own :func:`default_space` when there are none."""
-    if not entries:
-        return default_space(agent_cls)
-    pairs: list[tuple[str, str]] = []
-    for entry in entries.items() if isinstance(entries, dict) else entries:
-        if isinstance(entry, tuple):
-            pairs.append(entry)
-            continue
+def space_entries(entries: list[str] | dict[str, str] | None) -> dict[str, str]:
+    """``["lr=loguniform:1e-4:1e-2", ...]`` (or such a dict already) as a dict name -> ``"loguniform:1e-4:1e-2"``."""
+    if isinstance(entries, dict) or not entries:
+        return dict(entries or {})
+    pairs: dict[str, str] = {}
+    for entry in entries:
         name, sep, text = entry.partition("=")
         if not sep:
             raise ConfigError(f"--space {entry!r} is not NAME=KIND:LOW:HIGH; write e.g. lr=loguniform:1e-4:1e-2")
-        pairs.append((name.strip(), text.strip()))
-    space: Space = {}
+        pairs[name.strip()] = text.strip()
+    return pairs
+
+
+def parse_space(agent_cls: type[Agent], entries: list[str] | dict[str, str] | None) -> Space:
+    """The search space for ``agent_cls``: ``entries`` (``["lr=loguniform:1e-4:1e-2", ...]`` or a dict name ->
+    ``"loguniform:1e-4:1e-2"``), or the algorithm's own :func:`default_space` when there are none."""
+    pairs = space_entries(entries)
+    if not pairs:
+        return default_space(agent_cls)
     mutable = agent_cls.hyperparameters
-    for name, text in pairs:
+    for name in pairs:
         if name not in mutable:
             raise ConfigError(f"{name} is not a hyperparameter {agent_cls.__name__} can change while it trains, so a "
                               f"population cannot search it; searchable: {', '.join(mutable)}")
-        space[name] = parse_dimension(name, text, mutable[name])
-    return space
+    return {name: parse_dimension(name, text, mutable[name]) for name, text in pairs.items()}
 
 
 def sample(space: Space, rng: random.Random) -> dict[str, float]:
