@@ -193,6 +193,22 @@ def test_every_bolts_name_builds_and_trains(name: str, tmp_path: Path) -> None:
     assert type(model)(**model.hparams).config == model.config  # the hyperparameters rebuild the module
 
 
+@pytest.mark.parametrize("algo", ["mappo", "qmix", "matd3"])
+def test_multi_agent_algorithms_train_under_fit(algo: str, tmp_path: Path) -> None:
+    env = "jaderl/simple_spread?continuous=true" if algo == "matd3" else "jaderl/simple_spread"
+    settings: dict[str, Any] = dict(num_envs=4, hidden=[16], total_steps=256, eval_every=128, eval_episodes=1,
+                                    device="cpu", seed=1)
+    settings |= dict(horizon=16, minibatch_size=32, num_epochs=1) if algo == "mappo" else \
+        dict(warmup_steps=32, batch_size=16, buffer_size=256)
+    model = JaderlModule(algo, env, **settings)
+    trainer = lightning_trainer(tmp_path)
+    trainer.fit(model)
+    assert model.agent.spec.num_agents == 3 and model.agent.steps >= 256
+    rows = csv_rows(trainer)
+    assert len([r for r in rows if r.get("eval_return")]) == 2
+    assert any(r.get("train/episode_return_per_agent") for r in rows)
+
+
 def test_bolts_names_take_bolts_keywords_and_pick_the_sac_variant() -> None:
     model = DQN("CartPole-v1", learning_rate=1e-3, eps_last_frame=500, sync_rate=7, replay_size=321)
     config = model.config
