@@ -75,3 +75,14 @@ def test_resources_per_member() -> None:
     for bad in ("cpu", "tpu=1", "cpu=x", "cpu=0", "gpu=-1"):
         with pytest.raises(ConfigError, match="resources-per-member"):
             Resources.parse(bad)
+
+
+def test_without_ray_one_sentence_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from jaderl.population.cluster import require_ray
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # as if Ray were not installed
+    with pytest.raises(ConfigError, match=r"populations run on Ray, which is not installed; install it with "
+                                          r"pip install 'jaderl\[ray\]'"):
+        require_ray()
