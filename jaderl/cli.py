@@ -162,7 +162,8 @@ def _pbt(args: argparse.Namespace) -> Any:
     if args.resume:
         if args.algo or args.env or args.overrides or args.space:
             _fail("--resume takes the population's settings from POP_DIR; drop ALGO, ENV, --space and --set")
-        return resume_pbt(args.resume, generations=args.generations, address=args.address, progress=progress)
+        return resume_pbt(args.resume, generations=args.generations, address=args.address,
+                          resources=args.resources or None, progress=progress)
     if not (args.algo and args.env):
         _fail("pbt needs ALGO and ENV, e.g. `jaderl pbt ppo jaderl/CartPole-v1`, or --resume POP_DIR")
     settings = dict(parse_assignment(text) for text in args.overrides)

@@ -141,9 +141,11 @@ def pbt(algo: str, env: str, *, members: int = 8, period: int = 20_000, generati
 
 
 def resume_pbt(pop_dir: str | Path, *, generations: int | None = None, address: str | None = None,
-               num_cpus: int | None = None, progress: Progress | None = None) -> PBTResult:
+               num_cpus: int | None = None, resources: str | None = None,
+               progress: Progress | None = None) -> PBTResult:
     """Continue the population in ``pop_dir`` from its last committed generation (members from their checkpoints);
-    ``generations`` may raise the number of generations."""
+    ``generations`` may raise the number of generations, ``resources`` give members other resources (another
+    cluster)."""
     pop_dir = Path(pop_dir)
     state = read_state(pop_dir)
     if state.get("format") != FORMAT:
@@ -153,6 +155,9 @@ def resume_pbt(pop_dir: str | Path, *, generations: int | None = None, address: 
     if generations is not None:
         config.generations = generations
         state["settings"]["generations"] = generations
+    if resources is not None:
+        config.resources = resources
+        state["settings"]["resources"] = resources
     parsed = config.validate()
     if state["generation"] >= config.generations:
         raise ConfigError(f"{pop_dir} already finished its {config.generations} generations; resume with a larger "
