@@ -99,3 +99,26 @@ def test_ensemble_of_runs_evaluates(two_runs: list[Path]) -> None:
     report = ensemble.evaluate(episodes=3)
     assert report["episodes"] == 3 and report["mean"] >= 1  # CartPole: every step is worth 1
     assert ensemble.predict(np.zeros(4, np.float32)) in (0, 1)
+
+
+def test_multi_agent_members_copy_fuse_and_ensemble(tmp_path: Path) -> None:
+    """MAPPO on the torch-native simple_spread: a member takes another's state, runs fuse, and an ensemble acts
+    (its return is the team's, the sum over agents)."""
+    from jaderl.population.member import Member
+
+    settings = dict(algo="mappo", env="jaderl/simple_spread", num_envs=4, horizon=25, hidden=[16, 16],
+                    minibatch_size=50, num_epochs=1, eval_episodes=2, device="cpu", total_steps=10_000)
+    a = Member({**settings, "seed": 1, "run_dir": str(tmp_path / "a")}, {"lr": 1e-3})
+    b = Member({**settings, "seed": 2, "run_dir": str(tmp_path / "b")}, {"lr": 2e-3})
+    a.train_until(200)
+    b.train_until(200)
+    b.exploit(a.state(), {"lr": 1.5e-3})
+    for name, tensor in a.trainer.agent.actor.state_dict().items():
+        assert torch.equal(tensor, b.trainer.agent.actor.state_dict()[name])
+    a.close()
+    b.close()
+    report = fuse_runs([tmp_path / "a", tmp_path / "b"], tmp_path / "f")
+    assert report["eval_return"] < 0  # simple_spread's rewards are distances: negative
+    ensemble = Ensemble.from_runs([tmp_path / "a", tmp_path / "f"])
+    assert ensemble.act(torch.zeros(3, 3, ensemble.spec.obs_shape[-1])).shape[:2] == (3, 3)
+    assert ensemble.evaluate(episodes=2)["mean"] < 0
