@@ -203,8 +203,7 @@ class _Controller:
         """Member ``k``'s description, restarting it if its process is gone."""
         while True:
             try:
-                info = self.ray.get(self.actors[k].describe.remote())
-                return info
+                return dict(self.ray.get(self.actors[k].describe.remote()))
             except self.ray.exceptions.RayActorError as exc:
                 self._restart(k, exc)
 
@@ -288,12 +287,15 @@ class _Controller:
             calls.append((k, state_ref, values))
         pending = {self.actors[k].exploit.remote(ref, values): k for k, ref, values in calls}
         for ref, k in pending.items():
-            try:
-                ray.get(ref)
-            except ray.exceptions.RayActorError as exc:  # the copy happens again after the restart
-                self._restart(k, exc)
-                ref_again = self.actors[parents[k]].state.remote(config.copy_buffer)
-                ray.get(self.actors[k].exploit.remote(ref_again, explored[k]))
+            while True:
+                try:
+                    ray.get(ref)
+                    break
+                except ray.exceptions.RayActorError:  # the child or its parent died: restart whichever did, copy again
+                    self._describe(parents[k])  # (a parent restarts from the checkpoint it ended its period with)
+                    self._describe(k)
+                    ref = self.actors[k].exploit.remote(self.actors[parents[k]].state.remote(config.copy_buffer),
+                                                        explored[k])
         return parents, explored
 
 
