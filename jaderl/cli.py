@@ -124,6 +124,8 @@ def _add_population_parsers(sub: Any) -> None:
     pbt.add_argument("--members", type=whole_number, default=8, help="members trained side by side (default 8)")
     pbt.add_argument("--period", type=whole_number, default=20_000,
                      help="env steps each member trains between rankings (default 20000)")
+    pbt.add_argument("--period-seconds", dest="period_s", type=float,
+                     help="a period is this many seconds of each member's training time instead of --period steps")
     pbt.add_argument("--generations", type=whole_number, help="periods in all (default 10)")
     pbt.add_argument("--quantile", type=float, default=0.25, help="the bottom fraction copies the top one (0.25)")
     pbt.add_argument("--resample-probability", type=float, default=0.25,
@@ -170,7 +172,8 @@ def _pbt(args: argparse.Namespace) -> Any:
     return pbt(args.algo, args.env, members=args.members, period=args.period, generations=args.generations or 10,
                seed=args.seed, run_dir=args.run_dir, space=args.space, quantile=args.quantile,
                resample_probability=args.resample_probability, copy_buffer=args.copy_buffer,
-               resources=args.resources, address=args.address, progress=progress, **settings)
+               resources=args.resources, address=args.address, period_s=args.period_s, progress=progress,
+               **settings)
 
 
 def _tournament(args: argparse.Namespace) -> Any:

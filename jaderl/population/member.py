@@ -46,23 +46,31 @@ class Member:
                 "hyperparameters": {k: getattr(trainer.config, k) for k in trainer.agent.hyperparameters},
                 "host": socket.gethostname(), "node": _node_id(), "pid": os.getpid()}
 
-    def train_until(self, target_steps: int) -> dict[str, Any]:
-        """Train until ``target_steps`` env steps (nothing if already there), evaluate, checkpoint; returns
-        ``{"steps", "score", "stop_reason"}`` with the score of the evaluation at the end (NaN-free: a run that
-        could not evaluate scores -inf)."""
-        remaining = target_steps - self.trainer.agent.steps
-        if remaining > 0:
-            reason = self.trainer.run(steps=remaining).stop_reason  # evaluates and checkpoints when it stops
-            score = self.trainer.last_eval
+    def train_until(self, steps: int | None = None, time_s: float | None = None) -> dict[str, Any]:
+        """Train until ``steps`` env steps, or until ``time_s`` seconds of this run's training time (nothing if already
+        there), evaluate and checkpoint; returns ``{"steps", "score", "stop_reason"}`` with the score of the
+        evaluation at the end (a run that could not evaluate scores -inf)."""
+        trainer = self.trainer
+        if steps is not None and steps > trainer.agent.steps:
+            reason = trainer.run(steps=steps - trainer.agent.steps).stop_reason  # evaluates, checkpoints when it stops
+            score = trainer.last_eval
+        elif time_s is not None and time_s > trainer.time_s:
+            budget = trainer.config.time_limit
+            trainer.config = trainer.config.replace(time_limit=time_s)  # run() stops at this much training time
+            try:
+                reason = trainer.run().stop_reason
+            finally:
+                trainer.config = trainer.config.replace(time_limit=budget)
+            score = trainer.last_eval
         else:  # reached in an earlier attempt (a population resumed after its driver died)
-            reason, score = "period", self.trainer.evaluate()
-            self.trainer.checkpoint()
-        return {"steps": self.trainer.agent.steps, "score": score if math.isfinite(score) else -math.inf,
+            reason, score = "period", trainer.evaluate()
+            trainer.checkpoint()
+        return {"steps": trainer.agent.steps, "score": score if math.isfinite(score) else -math.inf,
                 "stop_reason": reason}
 
     def train_for(self, steps: int) -> dict[str, Any]:
         """Train ``steps`` more env steps (see :meth:`train_until`)."""
-        return self.train_until(self.trainer.agent.steps + steps)
+        return self.train_until(steps=self.trainer.agent.steps + steps)
 
     def state(self, include_buffer: bool = True) -> dict[str, Any]:
         """The Trainer's whole state (without the replay buffer unless ``include_buffer``), for another member."""

@@ -46,6 +46,8 @@ from jaderl.population.store import (
 
 FORMAT = 1
 """The layout of population.json."""
+UNBOUNDED = 10**15
+"""Env steps that a run with periods in seconds never reaches (its evaluation and checkpoint cadence, its budget)."""
 
 
 @dataclasses.dataclass
@@ -88,12 +90,16 @@ class PBTSettings:
     """times a member whose process died is restarted from its checkpoint before the population gives up"""
     settings: dict[str, Any] = dataclasses.field(default_factory=dict)
     """config fields every member trains with (``num_envs``, ``hidden`` ...)"""
+    period_s: float | None = None
+    """seconds of its own training time each member trains between two rankings, instead of ``period`` env steps"""
 
     def validate(self) -> Space:
         """Refuse bad settings in one sentence, before any member starts; returns the parsed search space."""
         for name, low in (("members", 2), ("period", 1), ("generations", 1), ("max_restarts", 0)):
             if getattr(self, name) < low:
                 raise ConfigError(f"{name}={getattr(self, name)} is out of range: it must be >= {low}")
+        if self.period_s is not None and not self.period_s > 0:
+            raise ConfigError(f"period_s={self.period_s} is out of range: it must be > 0 seconds")
         if not 0 < self.quantile <= 0.5:
             raise ConfigError(f"quantile={self.quantile} is out of range: it must be in (0, 0.5]")
         if not 0 <= self.resample_probability <= 1:
@@ -109,10 +115,19 @@ class PBTSettings:
         return parse_space(agent_cls, self.space)
 
     def member_settings(self, k: int, pop_dir: Path) -> dict[str, Any]:
-        """Config fields of member ``k``: its seed and run directory, evaluations at period ends."""
-        settings = {"eval_every": self.period, "checkpoint_every": self.period, **self.settings}
-        return {**settings, "algo": self.algo, "env": self.env, "seed": self.seed + k,
-                "total_steps": self.period * self.generations, "run_dir": str(pop_dir / "members" / f"m{k:02d}")}
+        """Config fields of member ``k``: its seed and run directory, evaluations at period ends (a run evaluates and
+        checkpoints whenever it stops)."""
+        every = self.period if self.period_s is None else UNBOUNDED
+        total = self.period * self.generations if self.period_s is None else self.settings.get("total_steps", UNBOUNDED)
+        settings = {"eval_every": every, "checkpoint_every": every, **self.settings}
+        return {**settings, "algo": self.algo, "env": self.env, "seed": self.seed + k, "total_steps": total,
+                "run_dir": str(pop_dir / "members" / f"m{k:02d}")}
+
+    def target(self, generation: int) -> tuple[str, float]:
+        """What members train to by the end of ``generation``: ``("steps", env steps)`` or ``("time_s", seconds)``."""
+        if self.period_s is None:
+            return "steps", (generation + 1) * self.period
+        return "time_s", (generation + 1) * self.period_s
 
 
 Progress = Callable[[dict[str, Any]], None]
@@ -121,13 +136,14 @@ Progress = Callable[[dict[str, Any]], None]
 def pbt(algo: str, env: str, *, members: int = 8, period: int = 20_000, generations: int = 10, seed: int = 0,
         run_dir: str | None = None, space: list[str] | dict[str, str] | None = None, quantile: float = 0.25,
         resample_probability: float = 0.25, copy_buffer: bool = True, resources: str = "",
-        address: str | None = None, num_cpus: int | None = None, max_restarts: int = 3,
+        address: str | None = None, num_cpus: int | None = None, max_restarts: int = 3, period_s: float | None = None,
         progress: Progress | None = None, **settings: Any) -> PBTResult:
     """Train a population of ``members`` agents of ``algo`` on ``env`` with PBT (see the module docstring) in a new
     population directory ``run_dir``; ``settings`` are config fields for every member. With no ``address`` (and
-    no ``RAY_ADDRESS``) a local Ray with ``num_cpus`` (default: this machine's) runs it."""
+    no ``RAY_ADDRESS``) a local Ray with ``num_cpus`` (default: this machine's) runs it. With ``period_s``, a period is
+    that many seconds of each member's own training time instead of ``period`` env steps."""
     config = PBTSettings(algo, env, members, period, generations, seed, space_entries(space), quantile,
-                         resample_probability, copy_buffer, resources, max_restarts, settings)
+                         resample_probability, copy_buffer, resources, max_restarts, settings, period_s)
     parsed = config.validate()
     with connected(address, num_cpus) as ray:  # an address that does not answer, or too few resources: no directory
         options = Resources.parse(resources).options(members, ray.cluster_resources())
@@ -218,10 +234,12 @@ class _Controller:
         self.ray.kill(self.actors[k], no_restart=True)
         self.actors[k] = self._start(k)
 
-    def _train_all(self, target: int) -> list[dict[str, Any]]:
-        """Every member trains to ``target`` env steps side by side; dead members are restarted and train again."""
+    def _train_all(self, generation: int) -> list[dict[str, Any]]:
+        """Every member trains to the end of ``generation`` side by side; dead members are restarted and train
+        again."""
         ray = self.ray
-        pending = {self.actors[k].train_until.remote(target): k for k in range(self.config.members)}
+        kind, target = self.config.target(generation)
+        pending = {self.actors[k].train_until.remote(**{kind: target}): k for k in range(self.config.members)}
         results: list[dict[str, Any]] = [{}] * self.config.members
         while pending:
             [ref], _ = ray.wait(list(pending), num_returns=1)
@@ -230,12 +248,12 @@ class _Controller:
                 results[k] = ray.get(ref)
             except ray.exceptions.RayActorError as exc:  # its process died: continue from its last checkpoint
                 self._restart(k, exc)
-                pending[self.actors[k].train_until.remote(target)] = k
+                pending[self.actors[k].train_until.remote(**{kind: target})] = k
             except ray.exceptions.RayTaskError as exc:
                 if not isinstance(exc.cause, TrainingError):  # NaN: a copy of a top member replaces it
                     first = (str(exc.cause).strip().splitlines() or [type(exc.cause).__name__])[0]
                     raise PopulationError(f"member {k} failed: {first}") from None
-                results[k] = {"steps": target, "score": -math.inf, "stop_reason": "diverged"}
+                results[k] = {"steps": self._describe(k)["steps"], "score": -math.inf, "stop_reason": "diverged"}
         return results
 
     def _generations(self, progress: Progress | None, start: float) -> list[float]:
@@ -245,7 +263,7 @@ class _Controller:
         write_rows(self.pop_dir, rows)  # rows of a generation the driver did not commit are trained again
         scores: list[float] = []
         for g in range(first, config.generations):
-            results = self._train_all((g + 1) * config.period)
+            results = self._train_all(g)
             scores = [r["score"] for r in results]
             infos = [self._describe(k) for k in range(config.members)]
             for k in range(config.members):

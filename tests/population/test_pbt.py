@@ -80,6 +80,25 @@ def test_exploit_copies_the_whole_state_and_sets_the_new_hyperparameters(tmp_pat
     child.close()
 
 
+def test_a_period_in_seconds(tmp_path: Path) -> None:
+    """period_s: a member trains until that much of its own training time, evaluates and checkpoints; its budget in
+    steps stays out of the way and its time limit is left as it was."""
+    from jaderl.population.pbt import UNBOUNDED, PBTSettings
+
+    config = PBTSettings("ppo", ENV, generations=3, period_s=0.5, settings=dict(TINY))
+    assert config.target(1) == ("time_s", 1.0) and PBTSettings("ppo", ENV, period=64).target(1) == ("steps", 128)
+    settings = config.member_settings(0, tmp_path)
+    assert settings["total_steps"] == settings["eval_every"] == UNBOUNDED
+    member = Member(settings, {"lr": 1e-3})
+    out = member.train_until(time_s=0.5)
+    assert out["stop_reason"] == "time_limit" and member.trainer.time_s >= 0.5 and out["steps"] > 0
+    assert math.isfinite(out["score"]) and member.trainer.config.time_limit is None
+    assert api.load(tmp_path / "members" / "m00", best=False).steps == out["steps"]  # checkpointed at the end
+    member.close()
+    with pytest.raises(ConfigError, match="period_s=0 is out of range"):
+        PBTSettings("ppo", ENV, period_s=0).validate()
+
+
 def test_exploit_without_the_buffer_keeps_the_members_own_transitions(tmp_path: Path) -> None:
     """copy_buffer=False (an off-policy member): the copy takes its parent's networks but keeps its own replay
     buffer, whose newest episodes are cut where the parent's env state begins."""
