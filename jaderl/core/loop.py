@@ -343,7 +343,8 @@ class Trainer:
                                                              counters["next_checkpoint"])
         every = self.config.record_every
         self.next_record = (self.agent.steps // every + 1) * every if every else 0
-        continued = state["env"] is not None and self.env is not None and self.env.state_dict() is not None
+        continued = (state["env"] is not None and state["last_obs"] is not None  # (none before the first step)
+                     and self.env is not None and self.env.state_dict() is not None)
         self.buffer.load_state_dict(*state["buffer"], cut_episodes=not continued)
         self.rng = (state["rng"]["torch"].clone(), None if state["rng"]["cuda"] is None else state["rng"]["cuda"])
         self.agent.episodes.load_state_dict(state["episodes"])

@@ -118,6 +118,17 @@ def test_a_resume_may_change_the_learning_rate_and_records_it(tmp_path: Path) ->
     assert "lr 0.0003 -> 0.001" in (tmp_path / "run" / "config.yaml").read_text()
 
 
+def test_a_checkpoint_written_before_the_first_step_resumes(tmp_path: Path) -> None:
+    """A torch env's state is saved from the start, but there is no last observation yet: the resumed run begins its
+    episodes from a reset and trains like a fresh one."""
+    config = _config("ppo", tmp_path / "run", total_steps=200)
+    with jaderl.Trainer(config, ALGOS["ppo"].agent_cls) as trainer:
+        trainer.checkpoint()
+    assert load_checkpoint(tmp_path / "run")["last_obs"] is None
+    with jaderl.Trainer(config, ALGOS["ppo"].agent_cls, resume=True) as resumed:
+        assert resumed.run().steps == 200
+
+
 def test_a_checkpoint_of_another_format_is_refused_in_one_sentence(tmp_path: Path) -> None:
     jaderl.train("ppo", "jaderl/CartPole-v1", run_dir=str(tmp_path / "run"), device="cpu", total_steps=128,
                  num_envs=4, horizon=32, minibatch_size=64, hidden=[8], eval_every=128, eval_episodes=1)
