@@ -114,3 +114,14 @@ def test_arrows_point_down() -> None:
 
     upward = [f"{m} -> {d}" for m, deps in _imports().items() for d in deps if layer(d) > layer(m)]
     assert not upward, f"imports that point up the layers {LAYERS}: {upward}"
+
+
+def test_test_modules_have_unique_names() -> None:
+    """Test directories are not packages, so pytest imports each test module by its file name: two files of one
+    name in different directories fail collection."""
+    names: dict[str, list[str]] = {}
+    for path in Path(__file__).parent.rglob("test_*.py"):
+        names.setdefault(path.name, []).append(str(path.relative_to(Path(__file__).parent)))
+    shared = {name: paths for name, paths in names.items() if len(paths) > 1}
+    assert not shared, f"test modules sharing a file name (rename one): {shared}"
+
