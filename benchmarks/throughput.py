@@ -21,14 +21,14 @@ Sections
               batched steps; the table gives the median. Targets: SubprocVecEnv >= 3x Async and
               >= 0.9x envpool.
     torch-envs
-              env-steps/s of every torch-native env in ``jaderl.envs.TORCH_ENVS`` but the stock-trading one, at 1,
-              16, 256, 4,096 and 65,536 sub-envs (``--quick``: 1, 256, 4,096), on ``--device`` (one CPU thread on
-              the CPU). Random actions are drawn on the device before
-              timing (a pool of 16 batches, cycled); only ``step`` is timed, in a loop after a warm-up, long enough
-              to last ``--min-time`` seconds; the table gives the median of ``--repeats`` timings. On the CPU the
-              envs skip the reset work of steps where no sub-env finished (``sync_free=False``, their CPU default);
-              an extra row times Pendulum with ``sync_free=True``, the GPU's way of stepping. Targets: the torch
-              Pendulum at 4,096 envs >= 10M env-steps/s on the CPU; >= 200M env-steps/s on a GPU (its best size).
+              env-steps/s of every torch-native env in ``jaderl.envs.TORCH_ENVS`` but the stock-trading one, at 1, 16,
+              256, 4,096 and 65,536 sub-envs on the CPU (one thread), at 1, 256, 4,096, 65,536, 262,144 and 1,048,576 on
+              a GPU (``--quick``: 1, 256, 4,096), on ``--device``. Random actions are drawn on the device before timing
+              (a pool of 16 batches, cycled); only ``step`` is timed, in a loop after a warm-up, long enough to last
+              ``--min-time`` seconds; the table gives the median of ``--repeats`` timings. On the CPU the envs skip the
+              reset work of steps where no sub-env finished (``sync_free=False``, their CPU default); an extra row times
+              Pendulum with ``sync_free=True``, the GPU's way of stepping. Targets: the torch Pendulum at 4,096 envs >=
+              10M env-steps/s on the CPU; >= 200M env-steps/s on a GPU (its best size).
     ppo       end-to-end PPO training samples/s: env steps collected and learned from per second of wall time, setup
               and a warm-up iteration excluded, no evaluation or logging. jaderl: PPO on ``--ppo-envs`` sub-envs of
               its torch ``jaderl/Pendulum-v1`` (on ``--device``), one ``explore`` + ``update`` per iteration. SB3:
@@ -41,6 +41,7 @@ Sections
               iteration alone (acting, and each minibatch's forward and backward pass of actor and critic, each
               product into a preallocated output): the ceiling of that arithmetic in PyTorch's float32 kernels, and
               as ``precision=bfloat16`` splits it (hidden layers in bfloat16, first and output layers in float32).
+              ``--no-sb3`` times jaderl alone (GPU-sized rollouts: SB3's Python envs would take minutes per one).
     sac       SAC gradient updates per second: critics, actor and entropy coefficient, twin critics and actor of
               [256, 256], batch 256, on the observation and action sizes of ``--sac-env`` (HalfCheetah-v5 by
               default, Pendulum-v1 when MuJoCo is missing), from a replay buffer pre-filled with ``--sac-fill``
@@ -201,6 +202,7 @@ def section_subproc(args: argparse.Namespace) -> None:
 # -- section: torch-envs -------------------------------------------------------------------------------------------
 
 ENV_SIZES = (1, 16, 256, 4096, 65536)
+GPU_ENV_SIZES = (1, 256, 4096, 65536, 262144, 1048576)  # a GPU's best size is far above a CPU's
 QUICK_ENV_SIZES = (1, 256, 4096)
 SKIPPED_ENVS = ("StockTrading", "simple_spread", "simple_tag")  # the multi-agent ones: benchmarks/marl_envs.py
 
@@ -259,7 +261,7 @@ def section_torch_envs(args: argparse.Namespace) -> None:
     torch.set_num_threads(1)
     load_at_start = _load()
     device = args.device
-    sizes = QUICK_ENV_SIZES if args.quick else ENV_SIZES
+    sizes = QUICK_ENV_SIZES if args.quick else ENV_SIZES if device == "cpu" else GPU_ENV_SIZES
     min_time = 0.1 if args.quick else args.min_time
     repeats = min(args.repeats, 3) if args.quick else args.repeats
     envs = {name: cls for name, cls in TORCH_ENVS.items() if not any(s in name for s in SKIPPED_ENVS)}
@@ -613,8 +615,9 @@ def section_ppo(args: argparse.Namespace) -> None:
         rows.append((name, f"PPO, `jaderl/Pendulum-v1` x {args.ppo_envs} (torch, {args.device})",
                      _run_worker("ppo-jaderl", {**common, "device": args.device, "compile": compile_,
                                                 "precision": precision})))
-    rows.append(("SB3", f"PPO, Gymnasium `Pendulum-v1` x {args.ppo_envs} (DummyVecEnv, cpu)",
-                 _run_worker("ppo-sb3", common)))
+    if args.sb3:
+        rows.append(("SB3", f"PPO, Gymnasium `Pendulum-v1` x {args.ppo_envs} (DummyVecEnv, cpu)",
+                     _run_worker("ppo-sb3", common)))
     if args.device == "cpu":
         for precision in _precisions():
             rows.append((FLOORS[precision], f"the acting and minibatch matrix products of an iteration, "
@@ -784,6 +787,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--ppo-horizon", type=int, default=32, help="ppo: rollout steps per env")
     parser.add_argument("--ppo-minibatch", type=int, default=2048, help="ppo: minibatch size")
     parser.add_argument("--ppo-epochs", type=int, default=10, help="ppo: epochs per rollout")
+    parser.add_argument("--sb3", action=argparse.BooleanOptionalAction, default=True,
+                        help="ppo: also time SB3 (--no-sb3: jaderl alone, at GPU sizes)")
     parser.add_argument("--sac-env", default="HalfCheetah-v5", help="sac: Gymnasium id whose sizes the networks take")
     parser.add_argument("--sac-fill", type=int, default=100_000, help="sac: random transitions in the buffer")
     parser.add_argument("--sac-updates", type=int, default=500, help="sac: updates per timing")
