@@ -28,6 +28,7 @@ from jaderl.envs import EnvError, make_env
 from jaderl.envs.atari import is_atari_id
 from jaderl.envs.stock import with_absolute_csv
 from jaderl.marl import MARL_ALGOS
+from jaderl.zoo import ZooEntry, lookup
 
 Progress = Callable[[dict[str, Any]], None]
 
@@ -37,15 +38,24 @@ ALGOS: dict[str, AlgoSpec] = {**SINGLE_AGENT_ALGOS, **MARL_ALGOS}
 
 def make_config(algo: str, env: str, **settings: Any) -> Config:
     """The validated config of ``algo`` on ``env``: class defaults, then the algorithm's preset, then
-    ``clip_rewards=True`` for an Atari id (``ALE/...``, ``PongNoFrameskip-v4``), then ``settings`` (a stock-trading
-    id's relative ``csv=`` path is made absolute)."""
+    ``clip_rewards=True`` for an Atari id (``ALE/...``, ``PongNoFrameskip-v4``), then the zoo's tuned settings for
+    the pair (:mod:`jaderl.zoo`; not with ``zoo=False``), then ``settings`` (a stock-trading id's relative ``csv=``
+    path is made absolute)."""
     if algo not in ALGOS:
         raise ConfigError(f"unknown algorithm {algo!r}; choose one of: {', '.join(ALGOS)}")
     spec = ALGOS[algo]
     settings = {k: v for k, v in settings.items() if k not in ("algo", "env")}
     env = with_absolute_csv(env)  # a run must find its price file again when resumed from another directory
     atari = {"clip_rewards": True} if is_atari_id(env) else {}  # the standard for Atari, unless set
-    return spec.agent_cls.config_cls.from_dict({**spec.preset, **atari, **settings, "algo": algo, "env": env})
+    tuned = zoo_entry.settings if (zoo_entry := zoo_for(algo, env, settings)) else {}
+    return spec.agent_cls.config_cls.from_dict({**spec.preset, **atari, **tuned, **settings, "algo": algo,
+                                                "env": env})
+
+
+def zoo_for(algo: str, env: str, settings: dict[str, Any]) -> ZooEntry | None:
+    """The zoo entry that :func:`make_config` applies to ``algo`` on ``env`` given ``settings`` (None with
+    ``zoo=False`` among them)."""
+    return None if settings.get("zoo", True) is False else lookup(algo, env)
 
 
 def train(algo: str, env: str, progress: Progress | None = None, **settings: Any) -> TrainResult:

@@ -71,6 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--config", metavar="FILE.yaml", help="read config fields from a YAML file")
     train.add_argument("--set", dest="overrides", metavar="KEY=VALUE", action="append", default=[],
                        help="set any config field, e.g. --set lr=0.001 --set hidden=[64,64]")
+    train.add_argument("--no-zoo", dest="zoo", action="store_false", default=None,
+                       help="train with the algorithm's defaults, not the zoo's tuned settings for this env")
     train.add_argument("--json", action="store_true", help="print the result as one JSON object on the last line")
     evaluate = sub.add_parser("eval", help="evaluate the best policy of a run")
     evaluate.add_argument("run_dir")
@@ -228,6 +230,8 @@ def _train(args: argparse.Namespace) -> TrainResult:
         settings.update(Config.read_yaml(args.config))
     settings.update({k: getattr(args, k) for k in TRAIN_FLAGS if getattr(args, k) is not None})
     settings.update(dict(parse_assignment(text) for text in args.overrides))
+    if args.zoo is False:
+        settings["zoo"] = False
     if args.resume:
         if args.algo or args.env:
             _fail("--resume takes its algorithm and env from the run directory; drop ALGO and ENV")
@@ -243,6 +247,11 @@ def _train(args: argparse.Namespace) -> TrainResult:
                       "command line; drop one of them")
     if not (given["algo"] and given["env"]):
         _fail("train needs ALGO and ENV, e.g. `jaderl train ppo jaderl/CartPole-v1`, or --resume RUN_DIR")
+    entry = api.zoo_for(given["algo"], given["env"], settings) if given["algo"] in api.ALGOS else None
+    if entry is not None:
+        print(f"zoo: tuned settings for {given['algo']} on {entry.envs[0]} ({entry.source}): "
+              f"{entry.describe(skip=tuple(settings))}; settings you give win, --no-zoo leaves them out",
+              file=sys.stderr, flush=True)
     return api.train(given["algo"], given["env"], progress=ProgressPrinter(), **settings)
 
 

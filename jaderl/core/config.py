@@ -41,6 +41,8 @@ class Config:
 
     algo: str = param("", "registry name of the algorithm; set by jaderl.api")
     env: str = param("jaderl/Pendulum-v1", "env id: a built-in torch env (`jaderl envs`) or any Gymnasium id")
+    zoo: bool = param(True, "start from the zoo's tuned settings for this algorithm and env where it has them "
+                      "(jaderl/zoo/; settings given explicitly win)")
     seed: int = param(0, "seed of torch, the envs and the evaluator", low=0)
     num_envs: int = param(1, "sub-envs stepped in one batch", low=1)
     env_workers: int = param(0, "worker processes stepping a Gymnasium env's sub-envs through shared memory "
