@@ -1,15 +1,15 @@
-"""REINFORCE without a baseline on Pendulum: the learning test's setting trained on many seeds.
+"""REINFORCE without a baseline on Pendulum: the zoo's setting trained on many seeds.
 
 Usage (from the repository root)::
 
     .venv/bin/python benchmarks/reinforce_pendulum.py [--seeds 0,1,...,9] [--budget 1000000] [--jobs 2]
 
-Trains ``reinforce`` on ``jaderl/Pendulum-v1`` with ``SETTINGS`` (the ``reinforce-torch-pendulum`` case of
-tests/algos/test_learning.py) on every seed for up to ``--budget`` env steps (1M: RL-Zoo's A2C budget on Pendulum, the
-largest of its policy-gradient family), evaluating 10 deterministic episodes every 25,600 steps and stopping at -200.
-A learning test runs one seed; this table says how often the setting solves the task. ``--jobs`` runs that many
-seeds at a time, one CPU thread each. The table goes to the ``## reinforce_pendulum`` section of
-benchmarks/RESULTS.md (other sections kept).
+Trains ``reinforce`` on ``jaderl/Pendulum-v1`` with the zoo's settings (``jaderl/zoo/pendulum.yaml``, which the
+``reinforce-pendulum`` case of tests/algos/test_learning.py trains with seed 0) on every seed for up to ``--budget`` env
+steps (1M: RL-Zoo's A2C budget on Pendulum, the largest of its policy-gradient family), evaluating 10 deterministic
+episodes every 25,600 steps and stopping at -200. A learning test runs one seed; this table says how often the setting
+solves the task. ``--jobs`` runs that many seeds at a time, one CPU thread each. The table goes to the ``##
+reinforce_pendulum`` section of benchmarks/RESULTS.md (other sections kept).
 """
 
 from __future__ import annotations
@@ -28,10 +28,14 @@ from results_md import write_section
 
 SECTION = "## reinforce_pendulum"
 TARGET = -200.0
-SETTINGS: dict[str, Any] = {  # as in tests/algos/test_learning.py
-    "num_envs": 64, "horizon": 200, "gamma": 0.98, "lr": 1e-2, "log_std_init": 0.75, "hidden": [128, 128],
-    "normalize_obs": True, "max_grad_norm": 0.0, "eval_every": 25_600,
-}
+
+
+def _zoo_settings() -> dict[str, Any]:
+    from jaderl import zoo
+
+    entry = zoo.lookup("reinforce", "jaderl/Pendulum-v1")
+    assert entry is not None, "jaderl/zoo/pendulum.yaml has no reinforce entry"
+    return {k: v for k, v in entry.settings.items() if k != "total_steps"}
 
 
 def run(seed: int, budget: int) -> dict[str, Any]:
@@ -44,7 +48,7 @@ def run(seed: int, budget: int) -> dict[str, Any]:
         warnings.simplefilter("ignore")
         start = time.perf_counter()
         result = jaderl.train("reinforce", "jaderl/Pendulum-v1", run_dir=f"{tmp}/run", device="cpu", seed=seed,
-                              total_steps=budget, target_return=TARGET, **SETTINGS)
+                              total_steps=budget, target_return=TARGET)  # the rest: the zoo's entry
     return {"seed": seed, "best": result.best_eval_return, "steps": result.steps, "solved": result.solved,
             "wall_s": time.perf_counter() - start}
 
@@ -68,7 +72,7 @@ def main() -> None:
     command = " ".join(["python", "benchmarks/reinforce_pendulum.py", *sys.argv[1:]])
     section = "\n".join([
         SECTION, "", f"Command: `{command}`  ", f"Date: {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC  ",
-        f"Task: `reinforce` (no baseline) on `jaderl/Pendulum-v1` with the learning test's setting `{SETTINGS}`, "
+        f"Task: `reinforce` (no baseline) on `jaderl/Pendulum-v1` with the zoo's setting `{_zoo_settings()}`, "
         f"at most {args.budget:,} env steps per run, stopping when an evaluation (10 deterministic episodes every "
         f"25,600 steps) reaches {TARGET:.0f}; {args.jobs} runs at a time, one CPU thread each.", "",
         f"**Reached {TARGET:.0f}: {len(solved)} of {len(results)} seeds** (median {median} env steps among those).", "",

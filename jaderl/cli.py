@@ -200,10 +200,11 @@ def _tournament(args: argparse.Namespace) -> Any:
 class ProgressPrinter:
     """A live progress line on a terminal; one line per new evaluation otherwise (always on stderr)."""
 
-    def __init__(self) -> None:
+    def __init__(self, header: str = "") -> None:
         self.live = sys.stderr.isatty()
         self.last_print, self.last_eval = 0.0, math.nan
         self.start, self.start_steps = time.perf_counter(), None
+        self.header = header  # printed above the first progress line (so an error before it stays one line)
 
     def __call__(self, info: dict[str, Any]) -> None:
         now = time.perf_counter()
@@ -218,6 +219,9 @@ class ProgressPrinter:
         at = f" at step {info['eval_step']:,}" if info.get("eval_step") not in (None, info["steps"]) else ""
         line = (f"steps {info['steps']:>10,} | {rate:>10,.0f} steps/s | eval {info['eval_return']:9.2f}{at} "
                 f"(best {info['best_eval_return']:9.2f}) | {info['time_s']:7.1f} s")
+        if self.header:
+            print(self.header, file=sys.stderr, flush=True)
+            self.header = ""
         if self.live:
             print(f"\r{line}", end="\n" if info["done"] else "", file=sys.stderr, flush=True)
         elif new_eval or info["done"]:
@@ -248,11 +252,10 @@ def _train(args: argparse.Namespace) -> TrainResult:
     if not (given["algo"] and given["env"]):
         _fail("train needs ALGO and ENV, e.g. `jaderl train ppo jaderl/CartPole-v1`, or --resume RUN_DIR")
     entry = api.zoo_for(given["algo"], given["env"], settings) if given["algo"] in api.ALGOS else None
-    if entry is not None:
-        print(f"zoo: tuned settings for {given['algo']} on {entry.envs[0]} ({entry.source}): "
-              f"{entry.describe(skip=tuple(settings))}; settings you give win, --no-zoo leaves them out",
-              file=sys.stderr, flush=True)
-    return api.train(given["algo"], given["env"], progress=ProgressPrinter(), **settings)
+    header = "" if entry is None else (f"zoo: tuned settings for {given['algo']} on {entry.envs[0]} ({entry.source}): "
+                                       f"{entry.describe(skip=tuple(settings))}; settings you give win, --no-zoo "
+                                       "leaves them out")
+    return api.train(given["algo"], given["env"], progress=ProgressPrinter(header), **settings)
 
 
 def main(argv: list[str] | None = None) -> int:

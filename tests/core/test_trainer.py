@@ -28,7 +28,7 @@ CASES = {  # an on-policy and an off-policy algorithm, each on a torch-native en
 def _config(algo: str, run_dir: Path, **extra: object) -> jaderl.core.config.Config:
     env, settings = CASES[algo]
     base = {"seed": 3, "device": "cpu", "total_steps": 4_000, "eval_every": 1_000, "checkpoint_every": 100_000,
-            "eval_episodes": 2}
+            "eval_episodes": 2, "zoo": False}  # the algorithms' defaults, which these tests name
     return make_config(algo, env, run_dir=str(run_dir), **{**base, **settings, **extra})
 
 
@@ -110,7 +110,7 @@ def test_every_algorithm_lists_hyperparameters_whose_ranges_hold_its_defaults() 
 
 def test_a_resume_may_change_the_learning_rate_and_records_it(tmp_path: Path) -> None:
     jaderl.train("ppo", "jaderl/CartPole-v1", run_dir=str(tmp_path / "run"), device="cpu", total_steps=256,
-                 num_envs=4, horizon=32, minibatch_size=64, hidden=[8], eval_every=256, eval_episodes=1)
+                 num_envs=4, horizon=32, minibatch_size=64, hidden=[8], eval_every=256, eval_episodes=1, zoo=False)
     jaderl.resume(tmp_path / "run", total_steps=512, lr=1e-3)
     state = load_checkpoint(tmp_path / "run")
     assert state["config"]["lr"] == 1e-3 and state["history"][0]["changed"]["lr"] == [3e-4, 1e-3]
