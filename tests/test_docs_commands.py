@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 PLACEHOLDERS = ("ALGO", "RUN_DIR", "runs/RUN", "runs/X", "FILE.yaml", "...", "$PWD", "POP_DIR")
 """Commands that show a form rather than a command to type are left out."""
-NEEDS = {"HalfCheetah-v5": "mujoco", "ALE/": "ale_py"}
+NEEDS = {"HalfCheetah-v5": "mujoco", "ALE/": "ale_py", "brax/": "brax"}
 
 
 def _commands() -> list[tuple[str, str]]:
@@ -45,7 +45,14 @@ def test_the_pages_show_train_commands() -> None:
     assert len(COMMANDS) >= 20, COMMANDS
 
 
-@pytest.mark.parametrize(("page", "command"), COMMANDS, ids=[f"{p}:{c[13:60]}" for p, c in COMMANDS])
+SLOW = {"brax/": 80}
+"""Commands whose env compiles for a long time (JAX: once for training, once for the evaluator) run as slow tests."""
+
+
+@pytest.mark.parametrize(("page", "command"), [
+    pytest.param(page, command, id=f"{page}:{command[13:60]}",
+                 marks=[pytest.mark.slow(seconds=s) for marker, s in SLOW.items() if marker in command])
+    for page, command in COMMANDS])
 def test_train_command_runs_at_a_small_budget(page: str, command: str, tmp_path: Path,
                                               capsys: pytest.CaptureFixture[str]) -> None:
     for marker, module in NEEDS.items():

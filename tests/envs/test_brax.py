@@ -1,0 +1,83 @@
+"""Brax envs through DLPack (jaderl.envs.brax): Brax's `fast` test env in the fast suite, `ant` as a slow test."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+import jaderl
+from jaderl.envs import EnvError, make_env
+
+pytest.importorskip("brax")
+
+
+def test_spec_steps_and_truncation_with_the_final_observation() -> None:
+    env = make_env("brax/fast?episode_length=5", 4, "cpu", seed=0)
+    spec = env.spec
+    assert (spec.num_envs, spec.obs_shape, spec.is_discrete, spec.action_dim, spec.max_steps) == (4, (2,), False, 1, 5)
+    obs = env.reset(seed=0)
+    assert obs.shape == (4, 2) and obs.dtype == torch.float32
+    for t in range(5):
+        obs, reward, terminated, truncated, info = env.step(torch.ones(4, 1))
+        assert reward.shape == (4,) and terminated.dtype == truncated.dtype == torch.bool
+        assert not terminated.any()
+        assert bool(truncated.all()) == (t == 4)
+    # the last step's observation before the reset is kept; the new episode starts where `fast` starts
+    assert not torch.equal(info["final_obs"], obs)
+    assert torch.equal(obs, env.reset(seed=0))
+
+
+def test_tensors_cross_without_copies() -> None:
+    env = make_env("brax/fast", 3, "cpu", seed=0)
+    obs = env.reset(seed=1)
+    assert obs.data_ptr() == env._state.obs.unsafe_buffer_pointer()  # torch reads JAX's memory
+    action = torch.rand(3, 1)
+    assert env.jax.dlpack.from_dlpack(action).unsafe_buffer_pointer() == action.data_ptr()  # and JAX reads torch's
+
+
+def test_a_seed_gives_the_same_episodes() -> None:
+    def rollout(seed: int) -> torch.Tensor:
+        env = make_env("brax/fast", 2, "cpu")
+        out = [env.reset(seed=seed)]
+        gen = torch.Generator().manual_seed(0)
+        out += [env.step(torch.rand(2, 1, generator=gen) * 2 - 1)[0] for _ in range(3)]
+        return torch.stack(out)
+
+    assert torch.equal(rollout(3), rollout(3))
+
+
+def test_ppo_trains_and_the_agent_predicts(tmp_path: Path) -> None:
+    result = jaderl.train("ppo", "brax/fast?episode_length=20", total_steps=512, num_envs=4, horizon=64,
+                          minibatch_size=128, eval_every=256, eval_episodes=2, run_dir=str(tmp_path / "run"),
+                          device="cpu")
+    assert result.steps == 512
+    action = jaderl.load(tmp_path / "run").predict([0.0, 0.0])
+    assert action.shape == (1,)
+
+
+def test_bad_ids_and_a_missing_brax_are_one_sentence(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(EnvError, match=r"^unknown Brax env 'no_such_env'; choose one of: .*\bant\b"):
+        make_env("brax/no_such_env", 2)
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "brax" else real(name, *a))
+    with pytest.raises(EnvError, match=r"pip install 'jaderl\[brax\]'"):
+        make_env("brax/ant", 2)
+
+
+@pytest.mark.slow(seconds=95)
+def test_ant_steps_on_the_cpu() -> None:
+    """Brax's ant: compiling its step takes most of this test's 95 s on a CPU."""
+    torch.set_num_threads(1)
+    env = make_env("brax/ant?episode_length=50", 4, "cpu", seed=0)
+    obs = env.reset(seed=0)
+    assert obs.shape == (4, env.obs_shape[0]) and env.action_dim == 8
+    gen = torch.Generator().manual_seed(0)
+    ended = torch.zeros(4, dtype=torch.bool)
+    for _ in range(60):
+        obs, reward, terminated, truncated, _ = env.step(torch.rand(4, 8, generator=gen) * 2 - 1)
+        assert torch.isfinite(obs).all() and torch.isfinite(reward).all()
+        ended |= terminated | truncated
+    assert ended.all()  # every sub-env ended once (fell or reached its 50 steps) and went on from a reset
