@@ -87,3 +87,12 @@ def test_cli_says_which_zoo_entry_it_used_and_no_zoo_leaves_it_out(tmp_path: Pat
     saved = yaml.safe_load((tmp_path / "plain" / "config.yaml").read_text())
     assert saved["zoo"] is False
     assert saved["horizon"] == jaderl.make_config("ppo", "jaderl/CartPole-v1", zoo=False).horizon
+
+
+def test_the_docs_page_lists_every_entry() -> None:
+    page = (Path(__file__).resolve().parents[2] / "docs" / "zoo.md").read_text()
+    rows = [line for line in page.splitlines() if line.startswith("| ")]
+    missing = [(e.task, e.algo) for e in zoo.entries()
+               if not any(row.startswith(f"| {e.task} |") and f"| {e.algo} |" in row and e.measured in row
+                          for row in rows)]
+    assert not missing, f"docs/zoo.md does not list (or has an old measured line of) {missing}"
