@@ -16,7 +16,7 @@ from jaderl.envs import make_env
 def _agent(algo: str, **settings: object) -> tuple[SAC, dict[str, torch.Tensor]]:
     torch.manual_seed(0)
     config = make_config(algo, "jaderl/Pendulum-v1", hidden=[16, 16], warmup_steps=0, batch_size=8, buffer_size=64,
-                         **settings)
+                         zoo=False, **settings)  # the presets as registered, not the zoo's settings
     env = make_env(config.env, 4, "cpu", seed=0)
     agent = SAC(config, env, torch.device("cpu"))
     with torch.no_grad():  # target critics that differ from each other and from the online ones

@@ -132,7 +132,7 @@ def test_a_damaged_checkpoint_is_one_sentence(run_dir: Path) -> None:
 
 def test_loading_an_agent_reads_no_replay_buffer(tmp_path: Path) -> None:
     jaderl.train("dqn", ENV, run_dir=str(tmp_path / "run"), total_steps=300, warmup_steps=100, hidden=[16],
-                 eval_every=300, eval_episodes=1, device="cpu")
+                 eval_every=300, eval_episodes=1, device="cpu", zoo=False)  # one sub-env: 300 transitions
     full = load_checkpoint(tmp_path / "run")
     agent_only = load_checkpoint(tmp_path / "run", part="agent")
     assert full["buffer"][0]["obs"].shape[0] == 300

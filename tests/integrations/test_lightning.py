@@ -39,7 +39,7 @@ pytestmark = [pytest.mark.filterwarnings("ignore::UserWarning"),  # Lightning's 
               pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
 TINY_DQN: dict[str, Any] = dict(total_steps=600, eval_every=200, eval_episodes=2, warmup_steps=100, batch_size=32,
-                                buffer_size=1_000, hidden=[32, 32], device="cpu", seed=3)
+                                buffer_size=1_000, hidden=[32, 32], device="cpu", seed=3, zoo=False)
 """A DQN run on jaderl/CartPole-v1 of 3 epochs (evaluations) of 200 one-step iterations, a few seconds."""
 REPO = Path(__file__).resolve().parents[2]
 
