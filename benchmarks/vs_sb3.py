@@ -70,8 +70,9 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from stable_baselines3.common.base_class import BaseAlgorithm
 
-# jaderl's settings per task (config fields passed to jaderl.api.train). Being tuned: edit freely, but leave the
-# evaluation schedule and budgets (FIXED_FIELDS) to the task table below so both libraries share them.
+# Extra jaderl settings per task (config fields passed to jaderl.api.train on top of the zoo's entry), for trying a
+# change against the zoo; leave the evaluation schedule and budgets (FIXED_FIELDS) to the task table below so both
+# libraries share them.
 JADERL_SETTINGS: dict[str, dict[str, Any]] = {
     # empty: jaderl runs as a new user's `jaderl train ALGO ENV --target-return X` does, on the zoo's tuned settings
     # for the pair (jaderl/zoo/); put settings here only to try them against the zoo's
