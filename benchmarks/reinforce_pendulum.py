@@ -8,8 +8,8 @@ Trains ``reinforce`` on ``jaderl/Pendulum-v1`` with the zoo's settings (``jaderl
 ``reinforce-pendulum`` case of tests/algos/test_learning.py trains with seed 0) on every seed for up to ``--budget`` env
 steps (1M: RL-Zoo's A2C budget on Pendulum, the largest of its policy-gradient family), evaluating 10 deterministic
 episodes every 25,600 steps and stopping at -200. A learning test runs one seed; this table says how often the setting
-solves the task. ``--jobs`` runs that many seeds at a time, one CPU thread each. The table goes to the ``##
-reinforce_pendulum`` section of benchmarks/RESULTS.md (other sections kept).
+solves the task. ``--jobs`` runs that many seeds at a time, one CPU thread each. The table goes to the
+``## reinforce_pendulum`` section of benchmarks/RESULTS.md (other sections kept).
 """
 
 from __future__ import annotations
