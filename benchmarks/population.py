@@ -27,16 +27,17 @@ search
     population.csv), as a share of random search's total env steps. Target: median over seeds <= 50 %.
 tune
     jaderl's PBT against Ray Tune's ``PopulationBasedTraining`` scheduler driving ``JaderlTrainable``, on the same
-    warm Ray, one after the other (jaderl first): the same members (Tune gets jaderl's initial hyperparameters and
-    member seeds through a grid over the member index), CPUs per member, period (one Tune iteration), budget
-    (``--generations`` iterations), search space, quantile, resample probability (0.25) and perturbation factors
-    (0.8, 1.2). Tune runs its default asynchronous PBT (``--tune-synch`` for its synchronous one) with
-    ``reuse_actors=True`` and keeps every checkpoint. Reported: wall time of ``pbt(...)`` and of ``Tuner.fit()``
-    (the Ray start excluded), the exploits, and the time spent per exploit. jaderl: the wall time of its exploit
-    steps (the driver waits on them; each generation's copies run side by side) over the copies made. Tune: the
-    time its trainables spent in ``save``, ``restore`` and ``reset_config`` (timed inside the actors) over
-    the exploits ``PopulationBasedTraining`` made; what Tune's controller spends pausing and restarting
-    trials is in its wall time only. Target: jaderl's wall time <= 0.7x Tune's.
+    warm Ray, one after the other (jaderl first), ``--tune-repeats`` times (3; Tune's asynchronous PBT exploits
+    when its trials' timing lets it, so its wall time varies from run to run): the same members (Tune gets
+    jaderl's initial hyperparameters and member seeds through a grid over the member index), CPUs per member,
+    period (one Tune iteration), budget (``--generations`` iterations), search space, quantile, resample probability
+    (0.25) and perturbation factors (0.8, 1.2). Tune runs its default asynchronous PBT (``--tune-synch`` for its
+    synchronous one) with ``reuse_actors=True`` and keeps every checkpoint. Reported: wall time of ``pbt(...)`` and
+    of ``Tuner.fit()`` (the Ray start excluded), the exploits, and the time spent per exploit. jaderl: the wall time
+    of its exploit steps (the driver waits on them; each generation's copies run side by side) over the copies made.
+    Tune: the time its trainables spent in ``save``, ``restore`` and ``reset_config`` (timed inside the actors) over
+    the exploits ``PopulationBasedTraining`` made; what Tune's controller spends pausing and restarting trials is in
+    its wall time only. Target: the median over the repeats of jaderl's wall time over Tune's <= 0.7x.
 throughput
     For each member count in ``--throughput-members``: first the same members trained independently, as that many
     plain processes side by side (``multiprocessing`` spawn, each ``jaderl.train`` with the member's settings),
@@ -306,6 +307,7 @@ def run_tune(args: argparse.Namespace, seed: int, tmp: Path) -> dict[str, Any]:
 
     space = parsed_space(SPACE)
     initial = initial_hyperparameters(space, seed, args.members)
+    tmp.mkdir(parents=True, exist_ok=True)
     log_path = tmp / "tune-timings.jsonl"
     trainable = timed_trainable(str(log_path), seed)
     class CountedPBT(PopulationBasedTraining):  # the Tuner runs a copy of its scheduler: count exploits in the log
@@ -349,44 +351,50 @@ def run_tune(args: argparse.Namespace, seed: int, tmp: Path) -> dict[str, Any]:
 def part_tune(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     seed = args.seeds[0]
     logging.getLogger("ray.tune").setLevel(logging.WARNING)
+    runs = []
     with connected(None, args.cpus):
-        j = run_pbt(args, seed, tmp / "jaderl-pbt", SPACE, args.members, args.period, args.generations)
-        print(f"tune part: jaderl {j['wall_s']:.1f} s", flush=True)
-        t = run_tune(args, seed, tmp)
-        print(f"tune part: Tune {t['wall_s']:.1f} s", flush=True)
-    copies = sum(c for _, c in j["exploits"])
-    j["copies"] = copies
-    j["per_exploit"] = sum(s for s, _ in j["exploits"]) / copies if copies else math.nan
-    t["per_exploit"] = sum(t["work"].values()) / t["exploits"] if t["exploits"] else math.nan
-    return {"seed": seed, "jaderl": j, "tune": t, "ratio": j["wall_s"] / t["wall_s"]}
+        for i in range(args.tune_repeats):  # jaderl, then Tune, on the same warm Ray; again for each repeat
+            j = run_pbt(args, seed, tmp / f"jaderl-pbt-{i}", SPACE, args.members, args.period, args.generations)
+            print(f"tune part, run {i + 1}: jaderl {j['wall_s']:.1f} s", flush=True)
+            t = run_tune(args, seed, tmp / f"tune-{i}")
+            print(f"tune part, run {i + 1}: Tune {t['wall_s']:.1f} s", flush=True)
+            copies = sum(c for _, c in j["exploits"])
+            j["copies"] = copies
+            j["per_exploit"] = sum(s for s, _ in j["exploits"]) / copies if copies else math.nan
+            t["per_exploit"] = sum(t["work"].values()) / t["exploits"] if t["exploits"] else math.nan
+            runs.append({"jaderl": j, "tune": t, "ratio": j["wall_s"] / t["wall_s"]})
+    return {"seed": seed, "runs": runs, "ratio": statistics.median(r["ratio"] for r in runs)}
 
 
 def section_tune(args: argparse.Namespace, res: dict[str, Any]) -> list[str]:
     import ray
 
-    j, t = res["jaderl"], res["tune"]
-    steps = len(j["exploits"])
     mode = "synchronous" if args.tune_synch else "asynchronous (its default)"
-    work = ", ".join(f"{t['counts'][e]} x {e} {t['work'][e]:.2f} s" for e in t["work"])
     verdict = "met" if res["ratio"] <= 0.7 else "**not met**"
+    rows, notes = [], []
+    for i, run in enumerate(res["runs"], 1):
+        j, t = run["jaderl"], run["tune"]
+        rows += [f"| {i} | jaderl `pbt` | {j['wall_s']:.1f} | {j['copies']} | {j['per_exploit']:.3f} | {j['best']:.1f} "
+                 "| |",
+                 f"| {i} | Ray Tune `PopulationBasedTraining` | {t['wall_s']:.1f} | {t['exploits']} | "
+                 f"{t['per_exploit']:.3f} | {t['best']:.1f} | {run['ratio']:.2f}x |"]
+        work = ", ".join(f"{t['counts'][e]} x {e} {t['work'][e]:.2f} s" for e in t["work"])
+        notes.append(f"Run {i}: jaderl {len(j['exploits'])} exploit steps, {sum(s for s, _ in j['exploits']):.2f} s "
+                     f"in all; Tune's trainables {work}."
+                     + (f" {t['failed']} Tune trial(s) stopped with an error (a NaN loss)." if t["failed"] else ""))
     return [
         "### jaderl's PBT against Ray Tune's PopulationBasedTraining", "",
         f"The search part's task and settings, seed {res['seed']}: {args.members} members at "
         f"{min(1.0, args.cpus / args.members):g} CPU each, {args.generations} periods (Tune: iterations) of "
         f"{args.period:,} env steps, space `{SPACE}`, quantile {args.quantile}, resample probability {RESAMPLE}, the "
         f"same initial learning rates and member seeds. Ray {ray.__version__}; Tune's PBT {mode}, "
-        "`reuse_actors=True`, every checkpoint kept, its default loggers; driving `JaderlTrainable`. One run each on "
-        "the same warm Ray, jaderl first; wall times exclude the Ray start.", "",
-        "| | wall time (s) | exploits | time per exploit (s) | best final score |",
-        "|---|---:|---:|---:|---:|",
-        f"| jaderl `pbt` | {j['wall_s']:.1f} | {j['copies']} | {j['per_exploit']:.3f} | {j['best']:.1f} |",
-        f"| Ray Tune `PopulationBasedTraining` | {t['wall_s']:.1f} | {t['exploits']} | {t['per_exploit']:.3f} "
-        f"| {t['best']:.1f} |", "",
-        f"jaderl: {steps} exploit steps, {sum(s for s, _ in j['exploits']):.2f} s in all (the copies of a generation "
-        f"run side by side; the driver waits on them). Tune: its trainables' {work}; its controller's pausing and "
-        "restarting of trials is only in its wall time."
-        + (f" {t['failed']} Tune trial(s) stopped with an error (a NaN loss)." if t["failed"] else ""), "",
-        f"jaderl / Tune wall time: {res['ratio']:.2f}x (target <= 0.7x: {verdict}).",
+        "`reuse_actors=True`, every checkpoint kept, its default loggers; driving `JaderlTrainable`. "
+        f"{len(res['runs'])} run(s) each, alternating on the same warm Ray, jaderl first; wall times exclude the Ray "
+        "start. jaderl's copies of a generation run side by side (the driver waits on them); Tune's controller's "
+        "pausing and restarting of trials is only in its wall time.", "",
+        "| run | | wall time (s) | exploits | time per exploit (s) | best final score | jaderl / Tune |",
+        "|---:|---|---:|---:|---:|---:|---:|", *rows, "", " ".join(notes), "",
+        f"jaderl / Tune wall time, median of {len(res['runs'])}: {res['ratio']:.2f}x (target <= 0.7x: {verdict}).",
     ]
 
 
@@ -483,6 +491,7 @@ def main() -> None:
     parser.add_argument("--generations", type=int, default=12)
     parser.add_argument("--quantile", type=float, default=0.25)
     parser.add_argument("--tune-synch", action="store_true", help="Tune's synchronous PBT instead of its default")
+    parser.add_argument("--tune-repeats", type=int, default=3, help="tune part: jaderl and Tune runs, alternating")
     parser.add_argument("--throughput-members", default="1,2,4")
     parser.add_argument("--throughput-period", type=int, default=16_384)
     parser.add_argument("--throughput-generations", type=int, default=4)
@@ -491,7 +500,7 @@ def main() -> None:
     parser.add_argument("--write", action="store_true", help="record the tables in benchmarks/RESULTS.md")
     args = parser.parse_args()
     if args.quick:
-        args.seeds, args.period, args.generations = "0", 2048, 3
+        args.seeds, args.period, args.generations, args.tune_repeats = "0", 2048, 3, 1
         args.throughput_members, args.throughput_period, args.throughput_generations = "1,2", 4096, 2
         args.write = False
     args.seeds = [int(s) for s in args.seeds.split(",") if s]
