@@ -19,6 +19,9 @@ lists in ``compiled_methods`` (by default ``act``) with compiled versions on tha
 declares bfloat16 (:func:`jaderl.core.nets.declare_precision`: the hidden layers) in bfloat16 and everything else in
 float32.
 
+:class:`Tanh`, the activation of jaderl's tanh MLPs, computes large float32 batches on the CPU as 2 sigmoid(2x) - 1,
+faster than ``torch.tanh`` there.
+
 This module sits below the core and imports nothing of jaderl: it reads an agent's ``config``, ``device``,
 ``networks()`` and ``compiled_methods``.
 
@@ -205,3 +208,47 @@ def _float32_forward(self: nn.Module, x: torch.Tensor, *args: Any, **kwargs: Any
 def _float32_output_forward(self: nn.Module, *args: Any, **kwargs: Any) -> torch.Tensor:
     """A network's forward with its output in float32 (an encoder whose last layer is hidden)."""
     return type(self).forward(self, *args, **kwargs).float()
+
+
+# --- a faster tanh on the CPU (the activation of jaderl's Tanh MLPs: jaderl.core.nets.mlp) ---
+
+
+class _SigmoidTanh(torch.autograd.Function):
+    """tanh(x) = 2 sigmoid(2x) - 1 forward; backward from the output, as PyTorch's own tanh: grad (1 - y^2)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        y = (x * 2.0).sigmoid_().mul_(2.0).sub_(1.0)
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        (y,) = ctx.saved_tensors
+        return torch.ops.aten.tanh_backward(grad, y)
+
+
+class Tanh(nn.Module):
+    """``nn.Tanh`` that is faster on the CPU: large float32 tensors there take 2 sigmoid(2x) - 1 (about 1.4x-3x faster
+    than ``torch.tanh`` on one core for a 2048 x 64 batch, depending on the CPU; at most about 1e-7 apart), and so do
+    bfloat16 ones (the output of a mixed-precision layer), computed in float32 and returned in bfloat16. Small
+    tensors (acting on a few sub-envs, evaluating), other devices and dtypes, and code being compiled (Inductor
+    writes its own tanh) take ``torch.tanh``: a custom autograd function costs tens of microseconds a call."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.device.type != "cpu" or x.dtype not in (torch.float32, torch.bfloat16) or torch.compiler.is_compiling():
+            return torch.tanh(x)
+        if not (x.requires_grad and torch.is_grad_enabled()):  # nothing to save for a backward pass
+            if x.numel() < FAST_TANH_MIN_NOGRAD:
+                return torch.tanh(x)
+            return (x.float() * 2.0).sigmoid_().mul_(2.0).sub_(1.0).to(x.dtype)
+        if x.numel() < FAST_TANH_MIN_GRAD:
+            return torch.tanh(x)
+        return _SigmoidTanh.apply(x.float()).to(x.dtype)
+
+
+FAST_TANH_MIN_GRAD = 65_536
+"""Elements from which :class:`Tanh` takes 2 sigmoid(2x) - 1 with its own backward (measured on an AMD EPYC core:
+below this ``torch.tanh`` is as fast or faster, the autograd function's overhead being the larger cost)."""
+FAST_TANH_MIN_NOGRAD = 16_384
+"""Elements from which :class:`Tanh` takes 2 sigmoid(2x) - 1 when no gradient is needed (three in-place ops)."""

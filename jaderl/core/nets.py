@@ -10,37 +10,11 @@ declares nothing computes in float32.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 from torch import nn
 
-
-class _SigmoidTanh(torch.autograd.Function):
-    """tanh(x) = 2 sigmoid(2x) - 1 forward; backward from the output, as PyTorch's own tanh: grad (1 - y^2)."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
-        y = (x * 2.0).sigmoid_().mul_(2.0).sub_(1.0)
-        ctx.save_for_backward(y)
-        return y
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
-        (y,) = ctx.saved_tensors
-        return torch.ops.aten.tanh_backward(grad, y)
-
-
-class Tanh(nn.Module):
-    """``nn.Tanh`` that is faster on the CPU: float32 tensors there take 2 sigmoid(2x) - 1 (about 3x faster than
-    ``torch.tanh`` on one AVX-512 core for a 2048 x 64 batch; at most about 1e-7 apart), and so do bfloat16 ones (the
-    output of a mixed-precision layer), computed in float32 and returned in bfloat16; other devices and dtypes, and
-    code being compiled (Inductor writes its own tanh), take ``torch.tanh``."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.device.type != "cpu" or x.dtype not in (torch.float32, torch.bfloat16) or torch.compiler.is_compiling():
-            return torch.tanh(x)
-        return _SigmoidTanh.apply(x.float()).to(x.dtype)
+from jaderl.accel import Tanh
 
 
 def declare_precision(layers: Sequence[nn.Module], pixels: bool = False) -> None:

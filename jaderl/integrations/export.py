@@ -21,9 +21,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from jaderl.accel import Tanh
 from jaderl.core.agent import Agent
 from jaderl.core.config import ConfigError
-from jaderl.core.nets import Tanh
 
 FORMATS = {"onnx": "policy.onnx", "torchscript": "policy.pt"}
 """The export formats and the file each is written to in a run directory when no path is given."""
@@ -110,7 +110,7 @@ def export_policy(agent: Agent, format: str, out: str | Path) -> Path:
 
 @contextlib.contextmanager
 def plain_tanh(modules: Iterable[nn.Module]) -> Iterator[None]:
-    """Let ``modules`` compute tanh with ``nn.Tanh`` for a block: jaderl's :class:`~jaderl.core.nets.Tanh` (the same
+    """Let ``modules`` compute tanh with ``nn.Tanh`` for a block: jaderl's :class:`~jaderl.accel.Tanh` (the same
     function, faster on the CPU) is a custom autograd function, which TorchScript cannot save."""
     swapped = [(parent, name, child) for module in modules for parent in module.modules()
                for name, child in parent.named_children() if isinstance(child, Tanh)]

@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 import torch
 
-from jaderl.accel import accelerate
+from jaderl.accel import Tanh, accelerate
 from jaderl.algos import PPO, SAC
 from jaderl.api import make_config, train
 from jaderl.core.agent import Agent
-from jaderl.core.nets import Tanh, mlp
+from jaderl.core.nets import mlp
 from jaderl.envs import make_env
 
 
@@ -147,6 +147,10 @@ def test_cpu_tanh_matches_torch_tanh_in_value_and_gradient() -> None:
     assert (y - torch.tanh(x)).abs().max() <= 2e-7
     (grad,) = torch.autograd.grad(y.sum(), x)
     assert torch.allclose(grad, 1 - y.detach().square(), rtol=0, atol=1e-7)  # the derivative, from the output
+    with torch.no_grad():  # no backward pass to prepare: the same arithmetic in place
+        assert (Tanh()(x) - torch.tanh(x)).abs().max() <= 2e-7
+    small = x.detach()[:1000].clone().requires_grad_()  # a few sub-envs' batch: torch.tanh, cheaper to call
+    assert torch.equal(Tanh()(small), torch.tanh(small))
     x64 = x.detach().double()
     assert torch.equal(Tanh()(x64), torch.tanh(x64))  # other dtypes (and devices) take torch.tanh
     x16 = x.detach().bfloat16()  # bfloat16 (a mixed-precision layer's output): computed in float32, kept bfloat16

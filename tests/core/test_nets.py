@@ -7,8 +7,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from jaderl.accel import Tanh
 from jaderl.algos.nets import CategoricalActor, EnsembleLinear, EnsembleQ, GaussianActor, QNet, TanhGaussianActor
-from jaderl.core.nets import ObsNorm, Tanh, mlp
+from jaderl.core.nets import ObsNorm, mlp
 
 
 def test_mlp_layout() -> None:
