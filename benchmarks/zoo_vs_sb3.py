@@ -6,17 +6,17 @@ Usage (from the repository root)::
     python benchmarks/zoo_vs_sb3.py --envs Hopper-v5 --seeds 0 --budget 200000     # a shorter check
     python benchmarks/zoo_vs_sb3.py --envs BipedalWalker-v3,Ant-v5 --jobs 8 --write  # tables into RESULTS.md
 
-Each run (one library, env and seed) is a process of its own with one torch thread; ``--jobs`` run at a time (give
-it at most the machine's cores, counting ``--env-workers``). jaderl trains ``jaderl.train("ppo", ENV, seed=S,
-total_steps=BUDGET)`` and nothing else, so its settings are the zoo's entry (``jaderl/zoo/``); ``--env-workers N``
-steps its sub-envs in N worker processes (entries with several sub-envs), which changes where they run and not what
-they compute. SB3 trains its PPO
-with RL Zoo's hyperparameters for the task (``TASKS``; ``normalize`` is RL Zoo's ``VecNormalize`` of observations
-and rewards), SB3's defaults otherwise. Both are CPU runs on Gymnasium's env. The score of a run is the mean return of
-10 deterministic episodes of its final policy (jaderl's evaluation at the end of the budget; SB3's
-``evaluate_policy`` on a new env seeded ``seed + 1``, with the training run's observation statistics); a run stopped
-by ``--time-cap`` is marked so and scored the same way. Target: the final policy reaches the task's threshold at RL
-Zoo's budget or fewer. Each env's table goes to its own ``## zoo_vs_sb3: ENV`` section of benchmarks/RESULTS.md.
+Each run (one library, env and seed) is a process of its own with one torch thread; ``--jobs`` run at a time (give it at
+most the machine's cores, counting ``--env-workers``). jaderl trains ``jaderl.train("ppo", ENV, seed=S,
+total_steps=BUDGET)`` and nothing else, so its settings are the zoo's entry (``jaderl/zoo/``); ``--env-workers N`` steps
+its sub-envs in N worker processes (entries with several sub-envs), which changes where they run and not what they
+compute. SB3 trains its PPO with RL Zoo's hyperparameters for the task (``TASKS``; ``normalize`` is RL Zoo's
+``VecNormalize`` of observations and rewards), SB3's defaults otherwise. Both are CPU runs on Gymnasium's env. The score
+of a run is the mean return of 10 deterministic episodes of its final policy (jaderl's evaluation at the end of the
+budget; SB3's ``evaluate_policy`` on a new env seeded ``seed + 1``, with the training run's observation statistics); a
+run stopped by ``--time-cap`` is marked so and scored the same way. Target: the final policy reaches the task's
+threshold at RL Zoo's budget or fewer. Each env's table goes to its own ``## zoo_vs_sb3: ENV`` section of
+benchmarks/RESULTS.md.
 """
 
 from __future__ import annotations
