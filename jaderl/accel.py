@@ -213,12 +213,17 @@ def _float32_output_forward(self: nn.Module, *args: Any, **kwargs: Any) -> torch
 # --- a faster tanh on the CPU (the activation of jaderl's Tanh MLPs: jaderl.core.nets.mlp) ---
 
 
+def _sigmoid_tanh(x: torch.Tensor) -> torch.Tensor:
+    """tanh(x) as 2 sigmoid(2x) - 1, in place on one new tensor."""
+    return (x * 2.0).sigmoid_().mul_(2.0).sub_(1.0)
+
+
 class _SigmoidTanh(torch.autograd.Function):
     """tanh(x) = 2 sigmoid(2x) - 1 forward; backward from the output, as PyTorch's own tanh: grad (1 - y^2)."""
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
-        y = (x * 2.0).sigmoid_().mul_(2.0).sub_(1.0)
+        y = _sigmoid_tanh(x)
         ctx.save_for_backward(y)
         return y
 
@@ -241,7 +246,7 @@ class Tanh(nn.Module):
         if not (x.requires_grad and torch.is_grad_enabled()):  # nothing to save for a backward pass
             if x.numel() < FAST_TANH_MIN_NOGRAD:
                 return torch.tanh(x)
-            return (x.float() * 2.0).sigmoid_().mul_(2.0).sub_(1.0).to(x.dtype)
+            return _sigmoid_tanh(x.float()).to(x.dtype)
         if x.numel() < FAST_TANH_MIN_GRAD:
             return torch.tanh(x)
         return _SigmoidTanh.apply(x.float()).to(x.dtype)
