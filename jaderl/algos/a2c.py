@@ -59,6 +59,7 @@ class A2C(OnPolicyAgent):
 
     def update(self, buffer: RolloutBuffer) -> dict[str, torch.Tensor]:
         cfg, data = self.config, buffer.data
+        self.reward_norm.normalize_(data, cfg.gamma)
         # 1. values and n-step / GAE advantages for the whole rollout (T, N)
         obs = self.features(data["obs"])  # (T, N, obs_dim)
         value = self.critic(obs).squeeze(-1)

@@ -15,7 +15,8 @@ from jaderl.algos.per import PrioritizedReplayBuffer
 from jaderl.core.agent import Agent, Hyperparameter
 from jaderl.core.buffers import Batch, ReplayBuffer
 from jaderl.core.config import Config, ConfigError, param
-from jaderl.core.nets import mlp
+from jaderl.core.nets import ObsNorm, mlp
+from jaderl.envs.vec import EnvSpec, VecEnv
 
 
 @dataclasses.dataclass
@@ -51,6 +52,9 @@ class OnPolicyConfig(Config):
     max_grad_norm: float = param(0.5, "clip gradient norm to this (0 disables)", low=0.0)
     normalize_advantages: bool = param(True, "standardise the advantages (per minibatch, or over the rollout)")
     log_std_init: float = param(-0.5, "initial log standard deviation of the Gaussian policy (continuous actions)")
+    normalize_reward: bool = param(False, "divide rewards by the running standard deviation of the discounted return "
+                                   "before learning from them (SB3's VecNormalize norm_reward); the critic learns "
+                                   "scaled returns, while logged and evaluated returns stay the env's")
 
     def validate(self) -> None:
         super().validate()
@@ -63,6 +67,40 @@ class OnPolicyConfig(Config):
     def advantage_batch(self) -> tuple[int, str]:
         """How many advantages are standardised together, and the setting that says so."""
         return self.num_envs * self.horizon, "num_envs * horizon"
+
+
+class ReturnNorm(ObsNorm):
+    """Reward scaling by the running standard deviation of the discounted return, as SB3's ``VecNormalize``
+    (``norm_reward``) and Gymnasium's ``NormalizeReward`` do it (Engstrom et al. 2020, https://arxiv.org/abs/2005.12729):
+    every sub-env (and agent) keeps R <- gamma R + r, zeroed when its episode ends; the variance of all R seen so far
+    scales the rewards, r / sqrt(var + 1e-8), clipped to +-``clip``. The mean is not subtracted, so a reward's sign and
+    the task's optimum stay. A rollout's returns enter the statistics before it is scaled (the wrappers update per
+    step). An :class:`~jaderl.core.nets.ObsNorm` of scalars, so data-parallel learners merge it exactly; ``running``
+    is each sub-env's own and stays with its learner."""
+
+    def __init__(self, running_shape: tuple[int, ...], enabled: bool, clip: float = 10.0) -> None:
+        super().__init__((), enabled, clip)
+        self.register_buffer("running", torch.zeros(running_shape))
+
+    @torch.no_grad()
+    def normalize_(self, data: Batch, gamma: float) -> None:
+        """Replace ``data["reward"]`` (T, N, ...) of a rollout by the scaled rewards (nothing when disabled)."""
+        if not self.enabled:
+            return
+        reward = data["reward"].float()
+        if reward.shape[1:] != self.running.shape:
+            raise ValueError(f"rewards of shape {tuple(reward.shape[1:])} per step do not match the "
+                             f"{tuple(self.running.shape)} running returns the normaliser keeps")
+        done = data["terminated"] | data["truncated"]  # (T, N): an episode end zeroes all its agents' returns
+        done = done.view(*done.shape, *(1,) * (reward.dim() - done.dim()))
+        returns, running = torch.empty_like(reward), self.running
+        for t in range(reward.shape[0]):  # over time only; every sub-env at once
+            running = running * gamma + reward[t]
+            returns[t] = running
+            running = running.masked_fill(done[t], 0.0)
+        self.running.copy_(running)
+        self.update(returns)
+        data["reward"] = (reward / (self.var + 1e-8).sqrt()).clamp(-self.clip, self.clip)
 
 
 class OffPolicyAgent(Agent):
@@ -130,6 +168,15 @@ class OnPolicyAgent(Agent):
     hyperparameters: ClassVar[dict[str, Hyperparameter]] = {**Agent.hyperparameters,
                                                            "ent_coef": Hyperparameter(0.0, 0.1),
                                                            "vf_coef": Hyperparameter(0.1, 1.0)}
+
+    def __init__(self, config: OnPolicyConfig, spec: EnvSpec | VecEnv, device: torch.device) -> None:
+        super().__init__(config, spec, device)
+        agents = (self.spec.num_agents,) if self.spec.num_agents > 1 else ()
+        self.reward_norm = ReturnNorm((self.num_envs, *agents), config.normalize_reward).to(device)
+
+    def running_stats(self) -> dict[str, nn.Module | torch.Tensor]:
+        # only when enabled, so that checkpoints written without it still load
+        return super().running_stats() | ({"reward_norm": self.reward_norm} if self.reward_norm.enabled else {})
 
     def build_actor_critic(self, hidden: list[int], critic: bool, log_std_init: float | None = None,
                            eps: float = 1e-5) -> None:

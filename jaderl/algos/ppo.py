@@ -109,6 +109,7 @@ class PPO(WithHTerm, OnPolicyAgent):
 
     def update(self, buffer: RolloutBuffer) -> dict[str, torch.Tensor]:
         cfg, data = self.config, buffer.data
+        self.reward_norm.normalize_(data, cfg.gamma)
         schedule: dict[str, torch.Tensor] = {}
         if cfg.anneal_lr:  # explore (or the explorer workers) counted this rollout in self.steps already
             steps_before = self.steps - data["reward"].shape[0] * data["reward"].shape[1]

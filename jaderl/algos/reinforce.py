@@ -82,6 +82,7 @@ class Reinforce(OnPolicyAgent):
 
     def update(self, buffer: RolloutBuffer) -> dict[str, torch.Tensor]:
         cfg, data = self.config, buffer.data
+        self.reward_norm.normalize_(data, cfg.gamma)
         if not cfg.baseline and cfg.horizon * (1.0 - cfg.gamma) < 1.0 and self.steps == cfg.horizon * self.num_envs:
             warnings.warn(f"REINFORCE without a baseline cuts returns at the rollout end and horizon={cfg.horizon} "
                           "< 1 / (1 - gamma), so returns are biased toward zero; raise horizon or set baseline=true",

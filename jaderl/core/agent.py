@@ -188,8 +188,9 @@ class Agent:
             self.last_obs, reward, terminated, truncated, info = env.step(action)
             final = (info["final_state"],) if state else ()
             steps.append((obs, action, reward, terminated, truncated, info["final_obs"], *state, *final))
-            self.episodes.track(reward, terminated | truncated)
+            self.episodes.last_step = terminated, truncated
         traj = dict(zip(keys, (torch.stack(x) for x in zip(*steps, strict=True)), strict=True))
+        self.episodes.track(traj["reward"], traj["terminated"] | traj["truncated"])
         self.steps += horizon * self.num_envs
         if not self.on_policy:  # on-policy agents update it after learning, so old log-probs stay exact
             self.obs_norm.update(traj["obs"])

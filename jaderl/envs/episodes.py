@@ -13,18 +13,31 @@ class EpisodeStats:
         self.teams = teams
         self.running = torch.zeros(num_envs, num_agents + 1, device=device)  # each agent's return, the length
         self.finished = torch.zeros(num_agents + 2, device=device)  # count, each agent's summed return, summed length
+        self.last_step: tuple[torch.Tensor, torch.Tensor] | None = None
+        """(terminated, truncated) of the last step of an explore in progress, which :meth:`track` has not seen yet
+        (None between explores)."""
 
     def track(self, reward: torch.Tensor, done: torch.Tensor) -> None:
-        """Add one step's rewards (N,) or (N, agents); ``done`` (N,) ends episodes."""
-        self.running[:, :-1] += reward.view(self.running.shape[0], -1)
-        self.running[:, -1] += 1
-        done_f = done.float()
-        self.finished[0] += done_f.sum()
-        self.finished[1:] += (self.running * done_f[:, None]).sum(0)
-        self.running *= 1.0 - done_f[:, None]
+        """Add a rollout's rewards (T, N) or (T, N, agents); ``done`` (T, N) ends episodes. Batched over time: an
+        episode that ends in the rollout owns every step up to its end, and the steps after a sub-env's last episode
+        end start its running episode."""
+        steps, num_envs = done.shape
+        reward = reward.reshape(steps, num_envs, -1)
+        step = torch.cat([reward, torch.ones_like(reward[..., :1])], -1)  # (T, N, agents + 1): rewards, one step
+        ends = done.flip(0).cumsum(0).flip(0) > 0  # (T, N): an episode of this sub-env ends at this step or later
+        owned = step * ends.unsqueeze(-1)
+        ended = ends[0].unsqueeze(-1)  # (N, 1): the sub-env finished an episode in the rollout
+        self.finished[0] += done.sum()
+        self.finished[1:] += (owned.sum(0) + self.running * ended).sum(0)
+        self.running.mul_(~ended).add_((step - owned).sum(0))
+        self.last_step = None
 
     def new_episode(self) -> torch.Tensor:
-        """(N,) bool: the sub-envs about to take the first step of an episode."""
+        """(N,) bool: the sub-envs about to take the first step of an episode (also between the steps of an explore
+        in progress)."""
+        if self.last_step is not None:
+            terminated, truncated = self.last_step
+            return terminated | truncated
         return self.running[:, -1] == 0
 
     def take(self) -> torch.Tensor:

@@ -75,7 +75,6 @@ def _wait(poller: select.poll, spin_s: float, timeout_ms: float) -> list[tuple[i
     return poller.poll(timeout_ms)
 
 
-_NUMPY_DTYPES = {torch.float32: np.float32, torch.bool: np.bool_, torch.uint8: np.uint8}
 
 
 def _usable_cpus() -> int:
@@ -446,12 +445,6 @@ class SubprocVecEnv(GymnasiumSpaces):
                 raise EnvError(message) from None
 
     # -- the contract --------------------------------------------------------------------------------------------
-
-    def _tensor(self, array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
-        """A copy (the shared buffers are overwritten by the next step) as a tensor on the env's device."""
-        if self.device.type == "cpu" and dtype in _NUMPY_DTYPES:  # numpy's copy costs a fraction of torch's
-            return torch.from_numpy(array.astype(_NUMPY_DTYPES[dtype]))
-        return torch.from_numpy(array).to(device=self.device, dtype=dtype, copy=True)
 
     def reset(self, seed: int | None = None) -> torch.Tensor:
         if not self._workers.conns:

@@ -136,6 +136,7 @@ class MAPPO(MultiAgent, OnPolicyAgent):
 
     def update(self, buffer: RolloutBuffer) -> dict[str, torch.Tensor]:
         cfg, data = self.config, buffer.data
+        self.reward_norm.normalize_(data, cfg.gamma)
         # 1. old log-probabilities, advantages and the critic's targets (normalised) for the whole rollout
         with torch.no_grad():
             features = self.features(data["obs"])  # (T, N, A, obs_dim)

@@ -167,14 +167,14 @@ class Learners:
         offset = 1 + len(counters)
         for norm, (count0, mean0, var0) in zip(norms, self._norm_snapshots, strict=True):
             size = norm.mean.numel()
-            added, shifted, scatter = (total[offset:offset + 1], total[offset + 1:offset + 1 + size],
+            added, shifted, scatter = (total[offset], total[offset + 1:offset + 1 + size],
                                        total[offset + 1 + size:offset + 1 + 2 * size])
             offset += 1 + 2 * size
             count = count0 + added
             shift = shifted.view_as(mean0) / count
             norm.mean.copy_(mean0 + shift)
             norm.var.copy_((count0 * var0 + scatter.view_as(var0)) / count - shift.square())
-            norm.count.copy_(count.reshape(()))
+            norm.count.copy_(count)
         for t in averaged:
             t.copy_((total[offset:offset + t.numel()] / self.world).view_as(t))
             offset += t.numel()

@@ -1,16 +1,23 @@
-"""The maths of REINFORCE / VPG and A2C against plain Python references (per env, per step, scalars)."""
+"""The maths of REINFORCE / VPG and A2C, and of the on-policy reward normaliser, against plain Python references
+(per env, per step, scalars)."""
 
 from __future__ import annotations
 
 import copy
+import math
+import statistics
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
 
+import jaderl
 from jaderl.algos.a2c import A2C, A2CConfig
+from jaderl.algos.base import ReturnNorm
 from jaderl.algos.reinforce import Reinforce, ReinforceConfig, discounted_returns
 from jaderl.core.buffers import RolloutBuffer
+from jaderl.core.checkpoint import load_checkpoint
 from jaderl.core.config import ConfigError
 from jaderl.envs import make_env
 
@@ -188,3 +195,55 @@ def test_short_horizon_without_baseline_warns_once() -> None:
 def test_config_validation(config_cls: type, settings: dict, match: str) -> None:
     with pytest.raises(ConfigError, match=match):
         config_cls(**settings)
+
+
+@pytest.mark.parametrize("agents", [(), (3,)])
+def test_return_norm_matches_a_per_env_reference(agents: tuple[int, ...]) -> None:
+    """Rewards divided by the standard deviation of every discounted return seen so far (this rollout's included),
+    the returns carried across rollouts per sub-env (and agent) and zeroed where an episode ends."""
+    gamma, norm = 0.9, ReturnNorm((N, *agents), True)
+    running = torch.zeros(N, *agents).tolist() if agents else [0.0] * N
+    seen: list[float] = []
+    for k in range(2):
+        data = random_rollout(k)
+        data["reward"] = torch.randn(T, N, *agents, generator=torch.Generator().manual_seed(10 + k))
+        if k == 1:
+            data["reward"][5, 0] = 1e3  # scaled beyond the clip
+        raw, done = data["reward"].clone(), data["terminated"] | data["truncated"]
+        for t in range(T):
+            for n in range(N):
+                for a in range(agents[0] if agents else 1):
+                    value = float(raw[t, n, a]) if agents else float(raw[t, n])
+                    current = (running[n][a] if agents else running[n]) * gamma + value
+                    seen.append(current)
+                    current = 0.0 if bool(done[t, n]) else current
+                    if agents:
+                        running[n][a] = current
+                    else:
+                        running[n] = current
+        std = math.sqrt(statistics.pvariance(seen) + 1e-8)
+        norm.normalize_(data, gamma)
+        torch.testing.assert_close(data["reward"], (raw / std).clamp(-10, 10), rtol=1e-4, atol=1e-5)
+    assert data["reward"][5, 0].max() == 10.0
+    torch.testing.assert_close(norm.running, torch.tensor(running))
+    assert norm.count.item() == pytest.approx(len(seen))
+
+
+def test_return_norm_disabled_leaves_rewards() -> None:
+    data = random_rollout(0)
+    reward = data["reward"]
+    ReturnNorm((N,), False).normalize_(data, 0.9)
+    assert data["reward"] is reward
+
+
+@pytest.mark.parametrize("algo", ["a2c", "vpg", "mappo"])
+def test_normalize_reward_trains_and_checkpoints(algo: str, tmp_path: Path) -> None:
+    env = "jaderl/simple_spread" if algo == "mappo" else "jaderl/Pendulum-v1"
+    settings = {"minibatch_size": 16} if algo == "mappo" else {}
+    result = jaderl.train(algo, env, run_dir=str(tmp_path / "run"), seed=0, device="cpu", num_envs=4, horizon=8,
+                          hidden=[16], total_steps=64, eval_every=64, eval_episodes=1, normalize_reward=True,
+                          zoo=False, **settings)
+    assert result.steps == 64 and math.isfinite(result.last_eval_return)
+    stats = load_checkpoint(tmp_path / "run")["agent"]["running_stats"]["reward_norm"]
+    agents = 3 if algo == "mappo" else 1
+    assert stats["count"].item() == pytest.approx(64 * agents, abs=1e-3) and stats["running"].shape[0] == 4

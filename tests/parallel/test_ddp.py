@@ -23,6 +23,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from jaderl.algos.base import ReturnNorm
 from jaderl.algos.ppo import PPO
 from jaderl.algos.sac import SAC
 from jaderl.api import make_config
@@ -88,8 +89,9 @@ def _assert_learners_identical(run_dir: Path, learners: int = 2) -> int:
 
 # --- the pieces, in threads ---
 
-def _ppo(seed: int = 0) -> PPO:
-    config = make_config("ppo", ENV, num_envs=2, horizon=8, minibatch_size=8, hidden=[16], device="cpu", seed=seed)
+def _ppo(seed: int = 0, **settings: Any) -> PPO:
+    config = make_config("ppo", ENV, num_envs=2, horizon=8, minibatch_size=8, hidden=[16], device="cpu", seed=seed,
+                         **settings)
     env = make_env(ENV, 2, torch.device("cpu"), seed=0)
     torch.manual_seed(seed)
     agent = PPO(config, env, torch.device("cpu"))
@@ -176,6 +178,32 @@ def test_coordinator_shares_state_merges_obs_norm_and_agrees(in_threads: Callabl
             torch.testing.assert_close(getattr(agent.obs_norm, name), getattr(reference, name))
     for a, b in zip(state_tensors(agents[0]), state_tensors(agents[1]), strict=True):
         assert torch.equal(a, b)
+
+
+def test_reward_normalisers_merge_and_keep_their_own_returns(in_threads: Callable[..., list[Any]]) -> None:
+    agents = [_ppo(normalize_reward=True), _ppo(normalize_reward=True)]
+    gen = torch.Generator().manual_seed(4)
+    never = torch.zeros(6, 2, dtype=torch.bool)
+    rollouts = [{"reward": torch.randn(6, 2, generator=gen) * (r + 1), "terminated": never, "truncated": never}
+                for r in range(2)]
+    references = [ReturnNorm((2,), True) for _ in range(2)]
+    for reference, rollout in zip(references, rollouts, strict=True):
+        reference.normalize_(dict(rollout), 0.99)  # each learner's returns alone
+    pooled = ReturnNorm((4,), True)  # both learners' sub-envs side by side: the returns of both, in one statistic
+    pooled.normalize_({k: torch.cat([r[k] for r in rollouts], dim=1) for k in rollouts[0]}, 0.99)
+
+    def learn(rank: int, group: dist.ProcessGroup) -> None:
+        coordinator = Learners(group)
+        coordinator.attach(agents[rank])
+        agents[rank].reward_norm.normalize_(dict(rollouts[rank]), 0.99)
+        coordinator.after_update(agents[rank])
+
+    in_threads(2, learn)
+    for agent, reference in zip(agents, references, strict=True):
+        torch.testing.assert_close(agent.reward_norm.running, reference.running)  # each learner's own sub-envs
+        for name in ("mean", "var"):
+            torch.testing.assert_close(getattr(agent.reward_norm, name), getattr(pooled, name))
+        assert agent.reward_norm.count.item() == pytest.approx(24, abs=1e-3)
 
 
 def test_diverging_counters_are_an_error(in_threads: Callable[..., list[Any]]) -> None:
