@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 PLACEHOLDERS = ("ALGO", "RUN_DIR", "runs/RUN", "runs/X", "FILE.yaml", "...", "$PWD", "POP_DIR")
 """Commands that show a form rather than a command to type are left out."""
-NEEDS = {"HalfCheetah-v5": "mujoco", "ALE/": "ale_py", "brax/": "brax"}
+NEEDS = {"HalfCheetah-v5": "mujoco", "ALE/": "ale_py", "brax/": "brax", "playground/": "mujoco_playground"}
 
 
 def _commands() -> list[tuple[str, str]]:
@@ -45,7 +45,7 @@ def test_the_pages_show_train_commands() -> None:
     assert len(COMMANDS) >= 20, COMMANDS
 
 
-SLOW = {"brax/": 80}
+SLOW = {"brax/": 80, "playground/": 120}
 """Commands whose env compiles for a long time (JAX: once for training, once for the evaluator) run as slow tests."""
 
 

@@ -58,8 +58,8 @@ def make_env(name: str, num_envs: int, device: torch.device | str = "cpu", seed:
              workers: int = 0) -> VecEnv:
     """Build ``num_envs`` copies of env ``name``: a built-in torch env (``jaderl/...``), an Atari game (``ALE/...`` or
     ale-py's older ids such as ``PongNoFrameskip-v4``, preprocessed as in :mod:`jaderl.envs.atari`), a VMAS scenario
-    (``vmas/navigation``), a Brax env (``brax/ant``), a PettingZoo parallel env
-    (``pettingzoo/mpe2.simple_spread_v3``) or any Gymnasium id.
+    (``vmas/navigation``), a Brax env (``brax/ant``), a MuJoCo Playground env (``playground/CartpoleBalance``), a
+    PettingZoo parallel env (``pettingzoo/mpe2.simple_spread_v3``) or any Gymnasium id.
 
     ``workers > 0`` steps a Gymnasium id in that many worker processes alongside this one, through shared memory
     (:class:`~jaderl.envs.subproc.SubprocVecEnv`); the default steps it in this process. Torch-native and Atari
@@ -85,6 +85,10 @@ def make_env(name: str, num_envs: int, device: torch.device | str = "cpu", seed:
         from jaderl.envs.brax import make_brax_env
 
         return make_brax_env(base, num_envs, device, seed=seed, **_options(name, query))
+    if name.startswith("playground/"):  # MuJoCo Playground's MJX / MuJoCo Warp envs (pip install 'jaderl[playground]')
+        from jaderl.envs.brax import make_playground_env
+
+        return make_playground_env(base, num_envs, device, seed=seed, **_options(name, query))
     if name.startswith("pettingzoo/"):  # any PettingZoo parallel env by module path (pip install 'jaderl[marl]')
         from jaderl.envs.pettingzoo import make_pettingzoo_env
 

@@ -1,21 +1,31 @@
-"""Brax (JAX) simulators as jaderl envs: batched states stay in JAX, tensors cross to torch through DLPack.
+"""JAX simulators as jaderl envs, Brax and MuJoCo Playground: batched states stay in JAX, tensors cross to torch
+through DLPack.
 
 ``make_env("brax/ant", num_envs, device)`` builds Brax's ``ant`` (any name of ``brax.envs``; options after ``?`` go
-to ``brax.envs.get_environment``, e.g. ``brax/ant?backend=positional``, except ``episode_length``, 1000 by default)
-with ``num_envs`` sub-envs stepped by one jit-compiled function (``pip install 'jaderl[brax]'``). What the adapter
-decides:
+to ``brax.envs.get_environment``, e.g. ``brax/ant?backend=positional``, except ``episode_length``, 1000 by default;
+``pip install 'jaderl[brax]'``). ``make_env("playground/CartpoleBalance", num_envs, device)`` builds a MuJoCo
+Playground env (MJX or MuJoCo Warp physics; any name of ``mujoco_playground.registry``; options after ``?`` override
+the env's default config, e.g. ``playground/CheetahRun?impl=jax``, and ``episode_length`` and ``action_repeat``
+default to the config's; ``pip install 'jaderl[playground]'``). Both have Brax's interface (``reset(key)``,
+``step(state, action)``) and are stepped by one jit-compiled function over all ``num_envs`` sub-envs. What the
+adapter decides:
 
 * **No copies.** Observations, rewards and flags are JAX arrays handed to torch with ``torch.from_dlpack`` (the same
   memory), and jaderl's actions are handed to JAX with ``jax.dlpack.from_dlpack``. That holds when JAX and torch
   use the same device (both on the CPU, or JAX's GPU and ``cuda``); otherwise the tensors are moved to ``device``.
-* **Episode ends.** Brax's ``EpisodeWrapper`` truncates at ``episode_length`` steps; a sub-env that falls (``done``
-  before the limit) is terminated. The step function resets the finished sub-envs itself, from fresh random keys,
-  and only on steps where one finished (``jax.lax.cond``); the observation each reached before its reset is
-  ``info["final_obs"]``, so a truncated episode bootstraps from its true last state. (Brax's own ``AutoResetWrapper``
-  restarts every episode from the same first state and loses the last observation.)
-* **Actions** are Brax's own: ``action_size`` values in ``[-1, 1]``, so jaderl's actions pass as they are.
-* **Compiling.** The first ``reset`` and ``step`` compile (tens of seconds for ``ant`` on a CPU; Brax's ``fast`` test
-  env compiles in about a second).
+* **Observations.** An env whose observation is a dict (Playground's locomotion and manipulation envs: the policy's
+  ``state`` beside a critic's ``privileged_state``) gives the entry ``obs_key`` names (``?obs_key=...``; ``state``
+  by default).
+* **Episode ends.** Brax's ``EpisodeWrapper`` truncates after ``episode_length`` physics steps (``action_repeat``
+  of them per jaderl step); a sub-env that ends earlier (``done``: fell, or a task's failure) is terminated. The step
+  function resets the finished sub-envs itself, from fresh random keys, and only on steps where one finished
+  (``jax.lax.cond``); the observation each reached before its reset is ``info["final_obs"]``, so a truncated episode
+  bootstraps from its true last state. (Brax's own ``AutoResetWrapper`` restarts every episode from the same first
+  state and loses the last observation.)
+* **Actions** are the env's own: ``action_size`` values in ``[-1, 1]``, so jaderl's actions pass as they are.
+* **Compiling.** The first ``reset`` and ``step`` compile: tens of seconds for ``brax/ant`` on a CPU (Brax's ``fast``
+  test env, about a second), 5-20 s for Playground's ``CartpoleBalance``. These are GPU simulators: on a CPU they
+  step slowly (Playground's ``CheetahRun``, 16 sub-envs: about 60 ms a step with MuJoCo Warp, 200 ms with MJX).
 * **Seeds.** ``reset(seed)`` starts the JAX random key from ``seed``; without a seed it continues the env's key.
   The env cannot be copied into a checkpoint (a resumed run restarts its episodes from a reset).
 """
@@ -23,42 +33,49 @@ decides:
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 
 from jaderl.envs.vec import NONFINITE_ACTIONS, EnvError, VecEnv
 
-__all__ = ["BraxVecEnv", "make_brax_env"]
+__all__ = ["BraxVecEnv", "JaxVecEnv", "PlaygroundVecEnv", "make_brax_env", "make_playground_env"]
 
 BRAX_EXTRA = "pip install 'jaderl[brax]' (Brax and JAX)"
+PLAYGROUND_EXTRA = "pip install 'jaderl[playground]' (MuJoCo Playground, MJX, MuJoCo Warp and JAX)"
 
 
-class BraxVecEnv(VecEnv):
-    """``num_envs`` sub-envs of the Brax env ``name`` (see the module docstring)."""
+class JaxVecEnv(VecEnv):
+    """``num_envs`` sub-envs of ``base``, a JAX env with Brax's interface (see the module docstring); ``label`` names
+    the simulator in error messages."""
 
-    def __init__(self, name: str, num_envs: int, device: str | torch.device = "cpu", seed: int | None = None,
-                 episode_length: int = 1000, **kwargs: Any) -> None:
-        if importlib.util.find_spec("brax") is None:
-            raise EnvError(f"Brax envs need the brax package: {BRAX_EXTRA}")
+    def __init__(self, base: Any, num_envs: int, device: str | torch.device = "cpu", seed: int | None = None,
+                 episode_length: int = 1000, action_repeat: int = 1, obs_key: str = "state",
+                 label: str = "JAX") -> None:
         import jax
         import jax.numpy as jnp
-        from brax import envs
         from brax.envs.wrappers import training
 
-        name = name.removeprefix("brax/")
-        try:
-            base = envs.get_environment(name, **kwargs)
-        except KeyError:
-            raise EnvError(f"unknown Brax env {name!r}; choose one of: {', '.join(sorted(envs._envs))}") from None
-        except TypeError as exc:
-            raise EnvError(f"Brax env {name!r}: {exc}; see brax.envs for its options") from None
-        self.jax, self.num_envs, self.device = jax, int(num_envs), torch.device(device)
-        self.obs_shape, self.is_discrete, self.action_dim = (int(base.observation_size),), False, int(base.action_size)
-        self.max_steps = int(episode_length)
-        self._low = self._high = None  # Brax's actions are [-1, 1]: jaderl's own
-        env = training.VmapWrapper(training.EpisodeWrapper(base, episode_length=self.max_steps, action_repeat=1))
-        n = self.num_envs
+        size = base.observation_size
+        if isinstance(size, Mapping):  # several observations: the policy's is obs_key's
+            if obs_key not in size:
+                raise EnvError(f"the {label} env's observation has no {obs_key!r} entry; pass ?obs_key= one of: "
+                               f"{', '.join(size)}")
+            self.obs_shape: tuple[int, ...] = tuple(int(n) for n in size[obs_key])
+            self._observe = lambda state: state.obs[obs_key]
+        else:
+            self.obs_shape = (int(size),)
+            self._observe = lambda state: state.obs
+        if episode_length < 1 or action_repeat < 1:
+            raise EnvError(f"episode_length={episode_length} and action_repeat={action_repeat} must be at least 1")
+        self.jax, self.label, self.num_envs, self.device = jax, label, int(num_envs), torch.device(device)
+        self.is_discrete, self.action_dim = False, int(base.action_size)
+        self.max_steps = -(-int(episode_length) // int(action_repeat))  # jaderl steps: action_repeat physics steps
+        self._low = self._high = None  # the env's actions are [-1, 1]: jaderl's own
+        env = training.VmapWrapper(training.EpisodeWrapper(base, episode_length=int(episode_length),
+                                                           action_repeat=int(action_repeat)))
+        n, observe = self.num_envs, self._observe
 
         def reset(key: Any) -> Any:
             return env.reset(jax.random.split(key, n))
@@ -68,14 +85,17 @@ class BraxVecEnv(VecEnv):
             done = nxt.done > 0
             key, sub = jax.random.split(key)
 
+            def pick(fresh: Any, stepped: Any) -> Any:  # a leaf not batched by sub-env (MuJoCo Warp has some) stays
+                if stepped.ndim == 0 or stepped.shape[0] != n:
+                    return stepped
+                return jnp.where(done.reshape(done.shape + (1,) * (stepped.ndim - 1)), fresh, stepped)
+
             def restart(_: Any) -> Any:  # finished sub-envs from fresh keys, the others as they are
-                fresh = env.reset(jax.random.split(sub, n))
-                return jax.tree.map(lambda a, b: jnp.where(done.reshape(done.shape + (1,) * (b.ndim - 1)), a, b),
-                                    fresh, nxt)
+                return jax.tree.map(pick, env.reset(jax.random.split(sub, n)), nxt)
 
             following = jax.lax.cond(jnp.any(done), restart, lambda _: nxt, None)
             truncated = nxt.info["truncation"] > 0
-            return following, nxt.obs, nxt.reward, done & ~truncated, truncated, key
+            return following, observe(nxt), nxt.reward, done & ~truncated, truncated, key
 
         self._reset, self._step = jax.jit(reset), jax.jit(step)
         self._key = jax.random.PRNGKey(0 if seed is None else seed)
@@ -88,15 +108,15 @@ class BraxVecEnv(VecEnv):
 
     def _check(self, obs: torch.Tensor, reward: torch.Tensor) -> None:
         if self.device.type == "cpu" and not (bool(torch.isfinite(obs).all()) and bool(torch.isfinite(reward).all())):
-            raise EnvError("the Brax env returned a non-finite observation or reward; its physics diverged (try "
-                           "another backend, e.g. ?backend=positional, or smaller actions)")
+            raise EnvError(f"the {self.label} env returned a non-finite observation or reward; its physics diverged "
+                           "(try another backend or physics option after '?', or smaller actions)")
 
     def reset(self, seed: int | None = None) -> torch.Tensor:
         if seed is not None:
             self._key = self.jax.random.PRNGKey(seed)
         self._key, sub = self.jax.random.split(self._key)
         self._state = self._reset(sub)
-        obs = self._torch(self._state.obs)
+        obs = self._torch(self._observe(self._state))
         self._check(obs, torch.zeros(()))
         return obs
 
@@ -110,10 +130,60 @@ class BraxVecEnv(VecEnv):
             raise EnvError(NONFINITE_ACTIONS)
         self._state, final_obs, reward, terminated, truncated, self._key = self._step(
             self._state, self.jax.dlpack.from_dlpack(action), self._key)
-        obs, reward = self._torch(self._state.obs), self._torch(reward)
+        obs, reward = self._torch(self._observe(self._state)), self._torch(reward)
         self._check(obs, reward)
         return (obs, reward, self._torch(terminated), self._torch(truncated),
                 {"final_obs": self._torch(final_obs)})
+
+
+class BraxVecEnv(JaxVecEnv):
+    """``num_envs`` sub-envs of the Brax env ``name`` (see the module docstring)."""
+
+    def __init__(self, name: str, num_envs: int, device: str | torch.device = "cpu", seed: int | None = None,
+                 episode_length: int = 1000, **kwargs: Any) -> None:
+        if importlib.util.find_spec("brax") is None:
+            raise EnvError(f"Brax envs need the brax package: {BRAX_EXTRA}")
+        from brax import envs
+
+        name = name.removeprefix("brax/")
+        try:
+            base = envs.get_environment(name, **kwargs)
+        except KeyError:
+            raise EnvError(f"unknown Brax env {name!r}; choose one of: {', '.join(sorted(envs._envs))}") from None
+        except TypeError as exc:
+            raise EnvError(f"Brax env {name!r}: {exc}; see brax.envs for its options") from None
+        super().__init__(base, num_envs, device, seed, episode_length, label="Brax")
+
+
+class PlaygroundVecEnv(JaxVecEnv):
+    """``num_envs`` sub-envs of the MuJoCo Playground env ``name``; ``overrides`` change its default config (see the
+    module docstring)."""
+
+    def __init__(self, name: str, num_envs: int, device: str | torch.device = "cpu", seed: int | None = None,
+                 episode_length: int | None = None, action_repeat: int | None = None, obs_key: str = "state",
+                 **overrides: Any) -> None:
+        if importlib.util.find_spec("mujoco_playground") is None or importlib.util.find_spec("brax") is None:
+            raise EnvError(f"MuJoCo Playground envs need the playground package: {PLAYGROUND_EXTRA}")
+        if importlib.util.find_spec("warp") is not None:
+            import warp
+
+            warp.config.log_level = max(warp.config.log_level, warp.LOG_WARNING)  # no line per kernel module loaded
+        from mujoco_playground import registry
+
+        name = name.removeprefix("playground/")
+        if name not in registry.ALL_ENVS:
+            raise EnvError(f"unknown MuJoCo Playground env {name!r}; choose one of: "
+                           f"{', '.join(sorted(registry.ALL_ENVS))}")
+        config = registry.get_default_config(name)
+        unknown = [key for key in overrides if key not in config]
+        if unknown:
+            raise EnvError(f"MuJoCo Playground env {name!r} has no option {unknown[0]!r}; its options are "
+                           f"{', '.join(sorted([*config.keys(), 'obs_key']))}")
+        base = registry.load(name, config_overrides=overrides or None)
+        super().__init__(base, num_envs, device, seed,
+                         int(config.get("episode_length", 1000) if episode_length is None else episode_length),
+                         int(config.get("action_repeat", 1) if action_repeat is None else action_repeat),
+                         obs_key, label="MuJoCo Playground")
 
 
 def make_brax_env(name: str, num_envs: int, device: str | torch.device = "cpu", seed: int | None = None,
@@ -121,3 +191,11 @@ def make_brax_env(name: str, num_envs: int, device: str | torch.device = "cpu", 
     """``num_envs`` sub-envs of the Brax env ``name`` (``ant`` or ``brax/ant``) on ``device``; ``options`` go to
     ``brax.envs.get_environment`` (``episode_length`` to the time limit). See the module docstring."""
     return BraxVecEnv(name, num_envs, device=device, seed=seed, **options)
+
+
+def make_playground_env(name: str, num_envs: int, device: str | torch.device = "cpu", seed: int | None = None,
+                        **options: Any) -> VecEnv:
+    """``num_envs`` sub-envs of the MuJoCo Playground env ``name`` (``CartpoleBalance`` or
+    ``playground/CartpoleBalance``) on ``device``; ``options`` override the env's config (``episode_length``,
+    ``action_repeat`` and ``obs_key`` go to the adapter). See the module docstring."""
+    return PlaygroundVecEnv(name, num_envs, device=device, seed=seed, **options)

@@ -1,0 +1,97 @@
+"""MuJoCo Playground envs through DLPack (jaderl.envs.brax): Playground's CartpoleBalance on MuJoCo Warp, a few
+sub-envs on the CPU (training on it as a slow test), and dict observations through a wrapped Brax test env."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import jaderl
+from jaderl.envs import EnvError, make_env
+from jaderl.envs.brax import JaxVecEnv
+
+pytest.importorskip("mujoco_playground")
+
+
+@pytest.fixture(scope="module")
+def cartpole() -> Any:
+    """One env for the module: building and compiling it takes about 10 s here."""
+    return make_env("playground/CartpoleBalance?episode_length=5", 3, "cpu", seed=0)
+
+
+def test_spec_steps_truncation_and_no_copies(cartpole: Any) -> None:
+    env = cartpole
+    spec = env.spec
+    assert (spec.num_envs, spec.obs_shape, spec.is_discrete, spec.action_dim, spec.max_steps) == (3, (5,), False, 1, 5)
+    obs = env.reset(seed=0)
+    assert obs.shape == (3, 5) and obs.dtype == torch.float32
+    assert obs.data_ptr() == env._state.obs.unsafe_buffer_pointer()  # torch reads JAX's memory
+    for t in range(5):
+        obs, reward, terminated, truncated, info = env.step(torch.ones(3, 1))
+        assert reward.shape == (3,) and 0.0 < float(reward.min()) <= float(reward.max()) <= 1.0  # suite rewards
+        assert not terminated.any() and bool(truncated.all()) == (t == 4)
+        if t < 4:
+            assert torch.equal(info["final_obs"], obs)
+    # the cart moved for 5 steps; the new episodes start near the middle again, from fresh random states
+    assert (info["final_obs"][:, 0] - obs[:, 0]).abs().min() > 1e-3
+    first = env.reset(seed=3)
+    assert torch.equal(first.clone(), env.reset(seed=3))  # a seed gives the same episodes
+
+
+@pytest.mark.slow(seconds=90)
+def test_ppo_trains_and_the_agent_predicts(tmp_path: Path) -> None:
+    """Builds and compiles the training and the evaluation env: about 30 s on a CPU."""
+    result = jaderl.train("ppo", "playground/CartpoleBalance?episode_length=20", total_steps=256, num_envs=4,
+                          horizon=32, minibatch_size=64, eval_every=256, eval_episodes=2,
+                          run_dir=str(tmp_path / "run"), device="cpu")
+    assert result.steps == 256 and 0 < result.last_eval_return <= 20  # rewards in [0, 1] for 20 steps
+    assert jaderl.load(tmp_path / "run").predict([0.0, 1.0, 0.0, 0.0, 0.0]).shape == (1,)
+
+
+def test_bad_ids_options_and_a_missing_package_are_one_sentence(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(EnvError, match=r"^unknown MuJoCo Playground env 'NoSuchEnv'; choose one of: .*CheetahRun"):
+        make_env("playground/NoSuchEnv", 2)
+    with pytest.raises(EnvError, match=r"^MuJoCo Playground env 'CartpoleBalance' has no option 'nope'; its options "
+                                       r"are .*episode_length.*impl"):
+        make_env("playground/CartpoleBalance?nope=1", 2)
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "mujoco_playground" else real(name, *a))
+    with pytest.raises(EnvError, match=r"pip install 'jaderl\[playground\]'"):
+        make_env("playground/CartpoleBalance", 2)
+
+
+def test_a_dict_observation_gives_the_entry_named() -> None:
+    """Playground's locomotion envs observe {"state": ..., "privileged_state": ...}: Brax's `fast` env dressed so."""
+    import jax.numpy as jnp
+    from brax.envs import get_environment
+    from brax.envs.wrappers.training import Wrapper
+
+    class DictObs(Wrapper):
+        @property
+        def observation_size(self) -> dict[str, tuple[int, ...]]:
+            return {"state": (2,), "privileged_state": (4,)}
+
+        def reset(self, rng: Any) -> Any:
+            return self._dress(self.env.reset(rng))
+
+        def step(self, state: Any, action: Any) -> Any:
+            return self._dress(self.env.step(state.replace(obs=state.obs["state"]), action))
+
+        @staticmethod
+        def _dress(state: Any) -> Any:
+            return state.replace(obs={"state": state.obs, "privileged_state": jnp.concatenate([state.obs] * 2, -1)})
+
+    env = JaxVecEnv(DictObs(get_environment("fast")), 2, episode_length=3, obs_key="privileged_state", label="test")
+    obs = env.reset(seed=0)
+    assert env.obs_shape == (4,) and obs.shape == (2, 4) and torch.equal(obs[:, :2], obs[:, 2:])
+    for _ in range(3):
+        obs, _, _, truncated, info = env.step(torch.zeros(2, 1))
+    assert truncated.all() and info["final_obs"].shape == (2, 4)
+    with pytest.raises(EnvError, match=r"^the test env's observation has no 'pixels' entry; pass \?obs_key= one of: "
+                                       r"state, privileged_state$"):
+        JaxVecEnv(DictObs(get_environment("fast")), 2, obs_key="pixels", label="test")
