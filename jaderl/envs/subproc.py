@@ -75,8 +75,6 @@ def _wait(poller: select.poll, spin_s: float, timeout_ms: float) -> list[tuple[i
     return poller.poll(timeout_ms)
 
 
-
-
 def _usable_cpus() -> int:
     """CPUs this process may run on: its affinity mask, capped by a cgroup v2 CPU quota (containers)."""
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1

@@ -1,16 +1,15 @@
 """MuJoCo Playground envs through DLPack (jaderl.envs.brax): Playground's CartpoleBalance on MuJoCo Warp, a few
-sub-envs on the CPU (training on it as a slow test), and dict observations through a wrapped Brax test env."""
+sub-envs on the CPU, and dict observations through a wrapped Brax test env. (PPO trains on it in the slow test of
+docs/simulators.md's command, tests/test_docs_commands.py.)"""
 
 from __future__ import annotations
 
 import importlib.util
-from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-import jaderl
 from jaderl.envs import EnvError, make_env
 from jaderl.envs.brax import JaxVecEnv
 
@@ -40,16 +39,6 @@ def test_spec_steps_truncation_and_no_copies(cartpole: Any) -> None:
     assert (info["final_obs"][:, 0] - obs[:, 0]).abs().min() > 1e-3
     first = env.reset(seed=3)
     assert torch.equal(first.clone(), env.reset(seed=3))  # a seed gives the same episodes
-
-
-@pytest.mark.slow(seconds=90)
-def test_ppo_trains_and_the_agent_predicts(tmp_path: Path) -> None:
-    """Builds and compiles the training and the evaluation env: about 30 s on a CPU."""
-    result = jaderl.train("ppo", "playground/CartpoleBalance?episode_length=20", total_steps=256, num_envs=4,
-                          horizon=32, minibatch_size=64, eval_every=256, eval_episodes=2,
-                          run_dir=str(tmp_path / "run"), device="cpu")
-    assert result.steps == 256 and 0 < result.last_eval_return <= 20  # rewards in [0, 1] for 20 steps
-    assert jaderl.load(tmp_path / "run").predict([0.0, 1.0, 0.0, 0.0, 0.0]).shape == (1,)
 
 
 def test_bad_ids_options_and_a_missing_package_are_one_sentence(monkeypatch: pytest.MonkeyPatch) -> None:
