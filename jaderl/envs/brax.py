@@ -50,6 +50,9 @@ class JaxVecEnv(VecEnv):
     """``num_envs`` sub-envs of ``base``, a JAX env with Brax's interface (see the module docstring); ``label`` names
     the simulator in error messages."""
 
+    physics_hint: str = "other physics options after '?'"
+    """What to try when the physics diverges, in the error that says so."""
+
     def __init__(self, base: Any, num_envs: int, device: str | torch.device = "cpu", seed: int | None = None,
                  episode_length: int = 1000, action_repeat: int = 1, obs_key: str = "state",
                  label: str = "JAX") -> None:
@@ -109,7 +112,7 @@ class JaxVecEnv(VecEnv):
     def _check(self, obs: torch.Tensor, reward: torch.Tensor) -> None:
         if self.device.type == "cpu" and not (bool(torch.isfinite(obs).all()) and bool(torch.isfinite(reward).all())):
             raise EnvError(f"the {self.label} env returned a non-finite observation or reward; its physics diverged "
-                           "(try another backend or physics option after '?', or smaller actions)")
+                           f"(try {self.physics_hint}, or smaller actions)")
 
     def reset(self, seed: int | None = None) -> torch.Tensor:
         if seed is not None:
@@ -139,6 +142,8 @@ class JaxVecEnv(VecEnv):
 class BraxVecEnv(JaxVecEnv):
     """``num_envs`` sub-envs of the Brax env ``name`` (see the module docstring)."""
 
+    physics_hint = "another backend, e.g. ?backend=positional"
+
     def __init__(self, name: str, num_envs: int, device: str | torch.device = "cpu", seed: int | None = None,
                  episode_length: int = 1000, **kwargs: Any) -> None:
         if importlib.util.find_spec("brax") is None:
@@ -158,6 +163,8 @@ class BraxVecEnv(JaxVecEnv):
 class PlaygroundVecEnv(JaxVecEnv):
     """``num_envs`` sub-envs of the MuJoCo Playground env ``name``; ``overrides`` change its default config (see the
     module docstring)."""
+
+    physics_hint = "the other physics, ?impl=jax or ?impl=warp"
 
     def __init__(self, name: str, num_envs: int, device: str | torch.device = "cpu", seed: int | None = None,
                  episode_length: int | None = None, action_repeat: int | None = None, obs_key: str = "state",

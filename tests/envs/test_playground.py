@@ -84,3 +84,19 @@ def test_a_dict_observation_gives_the_entry_named() -> None:
     with pytest.raises(EnvError, match=r"^the test env's observation has no 'pixels' entry; pass \?obs_key= one of: "
                                        r"state, privileged_state$"):
         JaxVecEnv(DictObs(get_environment("fast")), 2, obs_key="pixels", label="test")
+
+
+def test_diverged_physics_is_one_sentence_with_a_hint() -> None:
+    from brax.envs import get_environment
+    from brax.envs.wrappers.training import Wrapper
+
+    class Diverges(Wrapper):
+        def step(self, state: Any, action: Any) -> Any:
+            state = self.env.step(state, action)
+            return state.replace(reward=state.reward * float("nan"))
+
+    env = JaxVecEnv(Diverges(get_environment("fast")), 2, label="test")
+    env.reset(seed=0)
+    with pytest.raises(EnvError, match=r"^the test env returned a non-finite observation or reward; its physics "
+                                       r"diverged \(try other physics options after '\?', or smaller actions\)$"):
+        env.step(torch.zeros(2, 1))
