@@ -125,7 +125,8 @@ def section(env_id: str, results: list[dict[str, Any]], budget: int, args: argpa
     return "\n".join([
         f"## zoo_vs_sb3: {env_id}", "", f"Command: `{command.strip()}`  ",
         f"Date: {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC  ",
-        f"Machine: {platform.machine()}, {multiprocessing.cpu_count()} CPUs, {args.jobs} runs at a time, one torch "
+        f"Machine: {platform.machine()}, {multiprocessing.cpu_count()} CPUs, {args.jobs} "
+        f"run{'s' if args.jobs > 1 else ''} at a time, one torch "
         f"thread each{workers}; at most {args.time_cap:.0f} s of training per run  ",
         f"Task: PPO on `{env_id}`, {budget:,} env steps per run (RL Zoo's budget: {TASKS[env_id]['budget']:,}); "
         f"jaderl on its zoo entry, SB3 with RL Zoo's settings `{TASKS[env_id]['sb3']}`", "", *rows, "",
