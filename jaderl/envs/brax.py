@@ -24,7 +24,7 @@ adapter decides:
   state and loses the last observation.)
 * **Actions** are the env's own: ``action_size`` values in ``[-1, 1]``, so jaderl's actions pass as they are.
 * **Compiling.** The first ``reset`` and ``step`` compile: tens of seconds for ``brax/ant`` on a CPU (Brax's ``fast``
-  test env, about a second), 5-20 s for Playground's ``CartpoleBalance``. These are GPU simulators: on a CPU they
+  test env, about a second), 4-18 s for Playground's ``CartpoleBalance``. These are GPU simulators: on a CPU they
   step slowly (Playground's ``CheetahRun``, 16 sub-envs: about 60 ms a step with MuJoCo Warp, 200 ms with MJX).
 * **Seeds.** ``reset(seed)`` starts the JAX random key from ``seed``; without a seed it continues the env's key.
   The env cannot be copied into a checkpoint (a resumed run restarts its episodes from a reset).
