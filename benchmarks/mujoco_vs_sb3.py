@@ -10,8 +10,9 @@ Every run (one library, algorithm, env and seed) is a fresh subprocess of this s
 env steps with no early stop, then evaluates the final deterministic policy over 10 episodes on a separate env
 (seeded ``seed + 1``). Both libraries use RL-Zoo's MuJoCo settings for these algorithms where they differ from the
 defaults: 10,000 warm-up steps of uniform random actions and, for TD3, Gaussian exploration noise of std 0.1; the
-networks ([256, 256]), batch (256), learning rates (SAC 3e-4; TD3 1e-3), one gradient step per env step and the
-rest are each library's defaults, which agree. Each run uses one torch thread and the CPU.
+batch (256), learning rates (SAC 3e-4; TD3 1e-3), one gradient step per env step and the rest are each library's
+defaults, which agree, except TD3's networks: jaderl's default is [256, 256] and SB3's (and RL Zoo's) [400, 300]
+(SAC: [256, 256] on both sides). Each run uses one torch thread and the CPU.
 
 Each finished run is saved as JSON in ``--runs-dir`` (``benchmarks/mujoco_runs``) and skipped when the script runs
 again, so the full grid (many CPU hours) can be run in pieces or on several machines and merged; ``--rerun`` repeats
@@ -118,7 +119,8 @@ def report(runs: list[dict[str, Any]], command: str) -> str:
         f"ended: {loads[0]:.2f} to {loads[-1]:.2f} (wall times are only comparable between runs at similar load).  ",
         f"Budget: {runs[0]['steps']:,} env steps per run, no early stop; final evaluation: {EVAL_EPISODES} "
         "deterministic episodes. Settings in benchmarks/mujoco_vs_sb3.py (RL-Zoo's warm-up and TD3 noise, otherwise "
-        "library defaults; one CPU thread each).", "",
+        "library defaults, so TD3's networks are [256, 256] in jaderl and [400, 300] in SB3; one CPU thread each).",
+        "",
         "| algorithm | env | library | seeds | mean final return | std across seeds | per seed | median wall (s) |",
         "|---|---|---|---:|---:|---:|---|---:|", *rows, ""])
 

@@ -59,7 +59,7 @@ class A2C(OnPolicyAgent):
 
     def update(self, buffer: RolloutBuffer) -> dict[str, torch.Tensor]:
         cfg, data = self.config, buffer.data
-        self.reward_norm.normalize_(data, cfg.gamma)
+        schedule = self.begin_update(data)
         # 1. values and n-step / GAE advantages for the whole rollout (T, N)
         obs = self.features(data["obs"])  # (T, N, obs_dim)
         value = self.critic(obs).squeeze(-1)
@@ -77,4 +77,4 @@ class A2C(OnPolicyAgent):
         self.optimize(self.optimizer, loss)
         self.obs_norm.update(data["obs"])  # after learning, so the log-probabilities above used the acting statistics
         return {"loss/policy": policy_loss.detach(), "loss/value": value_loss.detach(),
-                "policy/entropy": entropy.mean().detach()}
+                "policy/entropy": entropy.mean().detach()} | schedule

@@ -10,7 +10,7 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from jaderl.algos.nets import CategoricalActor, GaussianActor
+from jaderl.algos.nets import CategoricalActor, GaussianActor, SDEGaussianActor
 from jaderl.algos.per import PrioritizedReplayBuffer
 from jaderl.core.agent import Agent, Hyperparameter
 from jaderl.core.buffers import Batch, ReplayBuffer
@@ -55,9 +55,19 @@ class OnPolicyConfig(Config):
     normalize_reward: bool = param(False, "divide rewards by the running standard deviation of the discounted return "
                                    "before learning from them (SB3's VecNormalize norm_reward); the critic learns "
                                    "scaled returns, while logged and evaluated returns stay the env's")
+    anneal_lr: bool = param(False, "decay the learning rate linearly towards 0 over total_steps: each update uses "
+                            "lr * (1 - env steps done before its rollout / total_steps) (CleanRL's anneal_lr; RL "
+                            "Zoo's lin_ learning rates)")
+    use_sde: bool = param(False, "generalised state-dependent exploration (gSDE, continuous actions): the noise is a "
+                          "linear function of the policy's last hidden layer, with weights drawn per sub-env at the "
+                          "start of every rollout; log_std_init is then the log std of those weights (RL Zoo: -2)")
+    sde_sample_freq: int = param(-1, "gSDE: also draw new noise weights every this many steps of a rollout (-1: only "
+                                 "at its start)", low=-1)
 
     def validate(self) -> None:
         super().validate()
+        if self.sde_sample_freq == 0:
+            raise ConfigError("sde_sample_freq=0 is invalid: give a number of steps, or -1 for once per rollout")
         count, name = self.advantage_batch()
         if self.normalize_advantages and count < 2:
             raise ConfigError(f"normalize_advantages=true needs at least 2 transitions to standardise ({name} = "
@@ -174,6 +184,20 @@ class OnPolicyAgent(Agent):
         agents = (self.spec.num_agents,) if self.spec.num_agents > 1 else ()
         self.reward_norm = ReturnNorm((self.num_envs, *agents), config.normalize_reward).to(device)
 
+    def begin_update(self, data: Batch) -> dict[str, torch.Tensor]:
+        """What every rollout update does first: scale the rollout's rewards in place (``normalize_reward``) and set
+        the learning rate of this update (``anneal_lr``); returns ``train/lr`` when it is annealed."""
+        cfg = self.config
+        self.reward_norm.normalize_(data, cfg.gamma)
+        if not cfg.anneal_lr:
+            return {}
+        # explore (or the explorer workers) counted this rollout's env steps in self.steps already
+        steps_before = self.steps - data["reward"].shape[0] * data["reward"].shape[1]
+        lr = cfg.lr * max(0.0, 1.0 - steps_before / cfg.total_steps)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        return {"train/lr": torch.full((), lr, device=self.device)}
+
     def running_stats(self) -> dict[str, nn.Module | torch.Tensor]:
         # only when enabled, so that checkpoints written without it still load
         return super().running_stats() | ({"reward_norm": self.reward_norm} if self.reward_norm.enabled else {})
@@ -182,7 +206,11 @@ class OnPolicyAgent(Agent):
                            eps: float = 1e-5) -> None:
         """Create ``self.actor`` (and ``self.critic`` if asked) and ``self.optimizer``, Adam over both (``eps``: Adam's
         epsilon; 1e-5 is PPO's and A2C's usual value)."""
-        actor_cls = CategoricalActor if self.is_discrete else GaussianActor
+        if self.config.use_sde and self.is_discrete:
+            raise ConfigError("use_sde=true needs continuous actions and this env's are discrete; set "
+                              "use_sde=false")
+        actor_cls = CategoricalActor if self.is_discrete else SDEGaussianActor if self.config.use_sde \
+            else GaussianActor
         self.actor = actor_cls(self.obs_dim, self.action_dim, hidden).to(self.device)
         if log_std_init is not None and isinstance(self.actor, GaussianActor):
             self.actor.log_std.data.fill_(log_std_init)
@@ -205,6 +233,14 @@ class OnPolicyAgent(Agent):
             return self.actor(x)
         action = self.actor.sample(x)
         return action if self.is_discrete else action.clamp(-1.0, 1.0)
+
+    def begin_explore_step(self, t: int) -> None:
+        """gSDE: new noise weights for every sub-env (and agent) at the start of a rollout, and every
+        ``sde_sample_freq`` steps of it."""
+        freq = self.config.sde_sample_freq
+        if isinstance(self.actor, SDEGaussianActor) and (t == 0 or (freq > 0 and t % freq == 0)):
+            obs = self.last_obs
+            self.actor.resample(obs.shape[:obs.dim() - len(self.obs_shape)])
 
     def explore_action(self, obs: torch.Tensor) -> torch.Tensor:
         """The unclipped sample: its log-probability is what the update needs (the env clips it to [-1, 1])."""

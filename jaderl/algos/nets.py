@@ -64,6 +64,57 @@ class GaussianActor(nn.Module):
         return self.net(obs).clamp(-1.0, 1.0)
 
 
+class SDEGaussianActor(GaussianActor):
+    """Generalised state-dependent exploration (gSDE; Raffin et al. 2022, https://arxiv.org/abs/2005.05719), the
+    exploration of RL Zoo's A2C and PPO entries on Box2D and PyBullet tasks.
+
+    The noise is a linear function of the policy's last hidden layer z(s) (taken as a constant, as SB3 does with
+    ``learn_features=False``): a = mu(s) + z(s) theta, with noise weights theta (hidden[-1], action_dim) drawn from
+    N(0, sigma^2) for each sub-env (and agent) by :meth:`resample`, which the agent calls at the start of every
+    rollout (and every ``sde_sample_freq`` steps). Between draws a sub-env explores along a smooth function of its
+    state instead of with independent noise at every step. For one state, the action is Gaussian with mean mu(s) and
+    variance sum_j z_j(s)^2 sigma_jk^2 per action dimension k: that is the distribution :meth:`evaluate` scores.
+    ``log_std`` (hidden[-1], action_dim) is learned like the plain Gaussian policy's.
+    """
+
+    def __init__(self, obs_dim: int, action_dim: int, hidden: Sequence[int], activation: type[nn.Module] = nn.Tanh):
+        super().__init__(obs_dim, action_dim, hidden, activation)
+        self.log_std = nn.Parameter(torch.full((hidden[-1], action_dim), -0.5))
+        # the noise weights theta (..., hidden[-1], action_dim) of each sub-env; drawn again every rollout, so not saved
+        self.register_buffer("noise", torch.empty(0), persistent=False)
+
+    def latent_and_mean(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The last hidden layer z(s) (..., hidden[-1]) and the mean action mu(s) (..., action_dim)."""
+        latent = self.net[:-1](obs)
+        return latent, self.net[-1](latent)
+
+    @torch.no_grad()
+    def resample(self, batch_shape: Sequence[int]) -> None:
+        """Draw new noise weights for a batch of ``batch_shape`` (sub-envs, or sub-envs x agents)."""
+        shape = (*batch_shape, *self.log_std.shape)
+        if self.noise.shape != shape:
+            self.noise = torch.empty(shape, device=self.log_std.device)
+        self.noise.normal_().mul_(self.log_std.exp())
+
+    def sample(self, obs: torch.Tensor) -> torch.Tensor:
+        """Unsquashed actions (..., action_dim) with the current noise weights; a batch of another shape than theirs
+        gets weights of its own for this call."""
+        latent, mean = self.latent_and_mean(obs)
+        noise = self.noise
+        if noise.shape[:-2] != mean.shape[:-1]:
+            noise = torch.randn(*mean.shape[:-1], *self.log_std.shape, device=mean.device) * self.log_std.exp()
+        return mean + (latent.detach().unsqueeze(-2) @ noise).squeeze(-2)
+
+    def evaluate(self, obs: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Log-probability (B,) of ``action`` and the policy's entropy (B,) in each state."""
+        latent, mean = self.latent_and_mean(obs)
+        var = latent.detach().square() @ (2.0 * self.log_std).exp() + 1e-6  # (B, action_dim); SB3's epsilon
+        log_var = var.log()
+        log_prob = (-0.5 * (action - mean).square() / var - 0.5 * log_var - 0.5 * math.log(2 * math.pi)).sum(-1)
+        entropy = (0.5 + 0.5 * math.log(2 * math.pi) + 0.5 * log_var).sum(-1)
+        return log_prob, entropy
+
+
 class TanhGaussianActor(nn.Module):
     """Squashed Gaussian policy a = tanh(u), u ~ N(mean, std) (SAC); log-probabilities include the tanh Jacobian."""
 

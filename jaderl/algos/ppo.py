@@ -9,10 +9,10 @@ observation), and then runs ``num_epochs`` passes of minibatch updates on
 where r = pi(a|s) / pi_old(a|s). Discrete actions use a categorical policy, continuous ones a Gaussian with a
 state-independent standard deviation. Options, all off by default, as CleanRL and Stable-Baselines3 users know them:
 
-* ``anneal_lr`` (CleanRL's): the update after a rollout uses lr * (1 - steps done before that rollout / total_steps),
-  CleanRL's ``1 - (iteration - 1) / num_iterations``, so the first update uses ``lr`` itself and none uses 0 (SB3's
-  schedules read the progress after the rollout). A function of ``steps`` and the config: it follows a changed
-  ``lr`` and is exact after a resume.
+* ``anneal_lr`` (CleanRL's; every rollout algorithm takes it): the update after a rollout uses
+  lr * (1 - steps done before that rollout / total_steps), CleanRL's ``1 - (iteration - 1) / num_iterations``, so the
+  first update uses ``lr`` itself and none uses 0 (SB3's schedules read the progress after the rollout). A function
+  of ``steps`` and the config: it follows a changed ``lr`` and is exact after a resume.
 * ``clip_value_loss`` (SB3's ``clip_range_vf``): V in the value loss is clipped to within +-clip of the value the
   rollout's critic predicted, V_old + clip(V - V_old, -clip, clip) (CleanRL's ``clip_vloss`` instead takes the larger
   of the clipped and unclipped squared errors).
@@ -53,8 +53,6 @@ class PPOConfig(OnPolicyConfig, HTermConfig):
     clip_ratio: float = param(0.2, "PPO clipping range of the probability ratio", low=0.0, open_low=True)
     gae_lambda: float = param(0.95, "GAE lambda", low=0.0, high=1.0)
     normalize_advantages: bool = param(True, "normalise advantages per minibatch")
-    anneal_lr: bool = param(False, "decay the learning rate linearly towards 0 over total_steps: each update uses "
-                            "lr * (1 - env steps done before its rollout / total_steps) (CleanRL's anneal_lr)")
     clip_value_loss: float = param(0.0, "clip the critic's new prediction to within this of the rollout's before the "
                                    "value loss, in value units (SB3's clip_range_vf; 0 disables)", low=0.0)
     target_kl: float | None = param(None, "stop an update's epochs at the first minibatch whose approximate KL to the "
@@ -109,14 +107,7 @@ class PPO(WithHTerm, OnPolicyAgent):
 
     def update(self, buffer: RolloutBuffer) -> dict[str, torch.Tensor]:
         cfg, data = self.config, buffer.data
-        self.reward_norm.normalize_(data, cfg.gamma)
-        schedule: dict[str, torch.Tensor] = {}
-        if cfg.anneal_lr:  # explore (or the explorer workers) counted this rollout in self.steps already
-            steps_before = self.steps - data["reward"].shape[0] * data["reward"].shape[1]
-            lr = cfg.lr * max(0.0, 1.0 - steps_before / cfg.total_steps)
-            for group in self.optimizer.param_groups:
-                group["lr"] = lr
-            schedule["train/lr"] = torch.full((), lr, device=self.device)
+        schedule = self.begin_update(data)
         # 1. values, old log-probabilities and GAE for the whole rollout in three batched calls
         with torch.no_grad():
             obs, next_obs = self.features(data["obs"]), self.features(data["next_obs"])

@@ -82,7 +82,7 @@ class Reinforce(OnPolicyAgent):
 
     def update(self, buffer: RolloutBuffer) -> dict[str, torch.Tensor]:
         cfg, data = self.config, buffer.data
-        self.reward_norm.normalize_(data, cfg.gamma)
+        schedule = self.begin_update(data)
         if not cfg.baseline and cfg.horizon * (1.0 - cfg.gamma) < 1.0 and self.steps == cfg.horizon * self.num_envs:
             warnings.warn(f"REINFORCE without a baseline cuts returns at the rollout end and horizon={cfg.horizon} "
                           "< 1 / (1 - gamma), so returns are biased toward zero; raise horizon or set baseline=true",
@@ -106,4 +106,4 @@ class Reinforce(OnPolicyAgent):
         self.optimize(self.optimizer, loss)
         self.obs_norm.update(data["obs"])  # after learning, so the log-probabilities above used the acting statistics
         return {"loss/policy": policy_loss.detach(), "loss/value": value_loss.detach(),
-                "policy/entropy": entropy.mean().detach(), "policy/return_mean": returns.mean()}
+                "policy/entropy": entropy.mean().detach(), "policy/return_mean": returns.mean()} | schedule

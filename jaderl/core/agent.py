@@ -164,6 +164,10 @@ class Agent:
         out = action.cpu().numpy().astype(np.int64 if self.is_discrete else np.float32)
         return out[0] if single else out
 
+    def begin_explore_step(self, t: int) -> None:
+        """Called by :meth:`explore` before its step ``t`` (0 to horizon - 1) of a rollout; a hook for exploration
+        that changes on a schedule (gSDE's noise weights). Does nothing by default."""
+
     def explore_action(self, obs: torch.Tensor) -> torch.Tensor:
         """The action taken while exploring; algorithms override it for noise or epsilon-greedy."""
         return self.act(obs, deterministic=False)
@@ -182,7 +186,8 @@ class Agent:
         keys = ["obs", "action", "reward", "terminated", "truncated", "next_obs"]
         keys += ["state", "next_state"] if self.spec.state_shape else []
         steps: list[tuple[torch.Tensor, ...]] = []
-        for _ in range(horizon):
+        for t in range(horizon):
+            self.begin_explore_step(t)
             obs, state = self.last_obs, (env.global_state(),) if self.spec.state_shape else ()
             action = self.explore_action(obs)
             self.last_obs, reward, terminated, truncated, info = env.step(action)

@@ -136,7 +136,7 @@ class MAPPO(MultiAgent, OnPolicyAgent):
 
     def update(self, buffer: RolloutBuffer) -> dict[str, torch.Tensor]:
         cfg, data = self.config, buffer.data
-        self.reward_norm.normalize_(data, cfg.gamma)
+        schedule = self.begin_update(data)
         # 1. old log-probabilities, advantages and the critic's targets (normalised) for the whole rollout
         with torch.no_grad():
             features = self.features(data["obs"])  # (T, N, A, obs_dim)
@@ -162,7 +162,8 @@ class MAPPO(MultiAgent, OnPolicyAgent):
                 num_minibatches += 1
         self.obs_norm.update(data["obs"])  # after learning, so the old log-probabilities used the acting statistics
         self.state_norm.update(data["state"])
-        return {k: v / num_minibatches for k, v in totals.items()} | {"policy/explained_variance": explained}
+        return {k: v / num_minibatches for k, v in totals.items()} | {"policy/explained_variance": explained} \
+            | schedule
 
     def minibatch_loss(self, mb: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The loss L of the module docstring on a minibatch of B sub-env steps, and its named statistics."""
