@@ -84,8 +84,9 @@ class SDEGaussianActor(GaussianActor):
         self.register_buffer("noise", torch.empty(0), persistent=False)
 
     def latent_and_mean(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The last hidden layer z(s) (..., hidden[-1]) and the mean action mu(s) (..., action_dim)."""
-        latent = self.net[:-1](obs)
+        """The last hidden layer z(s) (..., hidden[-1]) in float32 (it may be computed in bfloat16:
+        ``precision``) and the mean action mu(s) (..., action_dim)."""
+        latent = self.net[:-1](obs).float()
         return latent, self.net[-1](latent)
 
     @torch.no_grad()

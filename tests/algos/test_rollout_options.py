@@ -94,6 +94,9 @@ def test_bad_settings_are_one_sentence(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("algo", "env", "settings"), [
     ("ppo", "jaderl/Pendulum-v1", {"num_envs": 4, "horizon": 16, "minibatch_size": 32, "num_epochs": 2}),
+    pytest.param("ppo", "jaderl/Pendulum-v1", {"num_envs": 4, "horizon": 16, "minibatch_size": 32,
+                                               "precision": "bfloat16"},
+                 marks=pytest.mark.filterwarnings("ignore:precision=bfloat16"), id="ppo-bfloat16"),
     ("a2c", "jaderl/Pendulum-v1", {"num_envs": 4, "horizon": 8}),
     ("reinforce", "jaderl/Pendulum-v1", {"num_envs": 4, "horizon": 200}),
     ("mappo", "jaderl/simple_spread?continuous=true", {"num_envs": 8, "horizon": 25, "minibatch_size": 100}),
