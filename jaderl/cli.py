@@ -258,52 +258,49 @@ def _train(args: argparse.Namespace) -> TrainResult:
     return api.train(given["algo"], given["env"], progress=ProgressPrinter(header), **settings)
 
 
+def _json_ready(value: Any) -> Any:
+    """``value`` with every non-finite float (no evaluation yet: NaN) as None, which JSON can hold."""
+    if isinstance(value, dict):
+        return {k: _json_ready(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_ready(v) for v in value]
+    return None if isinstance(value, float) and not math.isfinite(value) else value
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     code = 0
     try:
         if args.command == "train":
             result = _train(args)
-            out = {k: v if not isinstance(v, float) or math.isfinite(v) else None
-                   for k, v in dataclasses.asdict(result).items()}
-            print(json.dumps(out) if args.json else
+            print(json.dumps(_json_ready(dataclasses.asdict(result))) if args.json else
                   f"{result.stop_reason}: {result.steps:,} steps in {result.time_s:.1f} s, best evaluation "
                   f"{result.best_eval_return:.2f}; run directory {result.run_dir}")
             if result.stop_reason == "interrupted":  # Ctrl-C: the final checkpoint is saved, but the run did not end
                 code = EXIT_INTERRUPTED
-        elif args.command == "pbt":
+        elif args.command in ("pbt", "tournament"):
             from jaderl.population import PopulationError
 
             try:
-                result = _pbt(args)
+                result = _pbt(args) if args.command == "pbt" else _tournament(args)
             except PopulationError as exc:
                 print(f"jaderl: error: {exc}", file=sys.stderr)
                 return 1
-            out = {k: v if not isinstance(v, float) or math.isfinite(v) else None
-                   for k, v in dataclasses.asdict(result).items()}
-            print(json.dumps(out) if args.json else
-                  f"{result.generations} generations in {result.time_s:.1f} s; best member {result.best_member} "
-                  f"({result.best_score:.2f}); best run directory {result.best_run_dir}")
-        elif args.command == "tournament":
-            from jaderl.population import PopulationError
-
-            try:
-                result = _tournament(args)
-            except PopulationError as exc:
-                print(f"jaderl: error: {exc}", file=sys.stderr)
-                return 1
-            print(json.dumps(dataclasses.asdict(result)) if args.json else
-                  f"{result.rounds} rounds in {result.time_s:.1f} s; best {result.best_score:.2f}; best run directory "
-                  f"{result.best_run_dir}")
+            summary = (f"{result.generations} generations in {result.time_s:.1f} s; best member {result.best_member} "
+                       f"({result.best_score:.2f}); best run directory {result.best_run_dir}"
+                       if args.command == "pbt" else
+                       f"{result.rounds} rounds in {result.time_s:.1f} s; best {result.best_score:.2f}; best run "
+                       f"directory {result.best_run_dir}")
+            print(json.dumps(_json_ready(dataclasses.asdict(result))) if args.json else summary)
         elif args.command == "fuse":
             from jaderl.population import fuse_runs
 
             report = fuse_runs(args.run_dirs, args.out)
-            print(json.dumps(report) if args.json else
+            print(json.dumps(_json_ready(report)) if args.json else
                   f"fused {len(args.run_dirs)} runs into {report['run_dir']}: evaluation {report['eval_return']:.2f}")
         elif args.command == "eval":
             report = api.evaluate(args.run_dir, episodes=args.episodes, device=args.device)
-            print(json.dumps(report) if args.json else
+            print(json.dumps(_json_ready(report)) if args.json else
                   f"{report['mean']:.2f} +- {report['std']:.2f} over {report['episodes']} episodes")
         elif args.command == "backtest":
             from jaderl.envs.stock import backtest

@@ -89,6 +89,15 @@ def test_train_json(trained_run: tuple[Path, dict[str, Any]]) -> None:
     assert _metric_steps(run_dir) == [256, 512]
 
 
+def test_json_holds_no_nan() -> None:
+    """A score not known yet (NaN) is JSON's null in every --json report, never the invalid token NaN."""
+    from jaderl.cli import _json_ready
+
+    report = {"best_score": math.nan, "scores": [1.0, math.inf], "nested": {"x": -math.inf}, "steps": 3}
+    assert json.dumps(_json_ready(report), allow_nan=False) == \
+        '{"best_score": null, "scores": [1.0, null], "nested": {"x": null}, "steps": 3}'
+
+
 def test_train_text_output(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = _run(["train", "ppo", ENV, "--run-dir", str(tmp_path / "r"), "--total-steps", "256",
                            "--target-return", "100000", *TINY], capsys)
