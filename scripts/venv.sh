@@ -12,16 +12,14 @@ if [ ! -x "$venv/bin/python" ]; then
   "$python" -m venv "$venv"
 fi
 stamp="$venv/.jaderl-installed-${JADERL_EXTRAS:-none}"
-# --no-compile: no byte-compiling at install (about 25,000 files with the dev extras, minutes of one core); Python
-# compiles a module the first time it is imported and keeps the result
 if [ ! -f "$stamp" ] || [ "$root/pyproject.toml" -nt "$stamp" ]; then
   "$venv/bin/python" -m pip install $quiet --upgrade pip
   if ! "$venv/bin/python" -c "import torch" 2>/dev/null; then
     echo "jaderl: installing ${JADERL_TORCH:-torch==2.13.0} (the first time takes a few minutes)" >&2
-    "$venv/bin/python" -m pip install $quiet --no-compile "${JADERL_TORCH:-torch==2.13.0}"
+    "$venv/bin/python" -m pip install $quiet "${JADERL_TORCH:-torch==2.13.0}"
   fi
   echo "jaderl: installing jaderl${JADERL_EXTRAS:+[$JADERL_EXTRAS]} and its dependencies" >&2
-  "$venv/bin/python" -m pip install $quiet --no-compile -e "$root${JADERL_EXTRAS:+[$JADERL_EXTRAS]}"
+  "$venv/bin/python" -m pip install $quiet -e "$root${JADERL_EXTRAS:+[$JADERL_EXTRAS]}"
   touch "$stamp"
   echo "jaderl: $venv is ready" >&2
 fi
