@@ -66,7 +66,8 @@ class GaussianActor(nn.Module):
 
 class SDEGaussianActor(GaussianActor):
     """Generalised state-dependent exploration (gSDE; Raffin et al. 2022, https://arxiv.org/abs/2005.05719), the
-    exploration of RL Zoo's A2C and PPO entries on Box2D and PyBullet tasks.
+    exploration of RL Zoo's A2C and PPO entries for Pendulum, MountainCarContinuous and some PyBullet tasks, and of
+    its A2C entries for LunarLanderContinuous and BipedalWalker.
 
     The noise is a linear function of the policy's last hidden layer z(s) (taken as a constant, as SB3 does with
     ``learn_features=False``): a = mu(s) + z(s) theta, with noise weights theta (hidden[-1], action_dim) drawn from
