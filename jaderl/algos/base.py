@@ -42,7 +42,42 @@ class OffPolicyConfig(Config):
 
 
 @dataclasses.dataclass
-class OnPolicyConfig(Config):
+class SDEConfig:
+    """gSDE's settings, mixed into the configs of the algorithms that explore with it (the rollout algorithms and
+    SAC)."""
+
+    use_sde: bool = param(False, "generalised state-dependent exploration (gSDE, continuous actions): the noise is a "
+                          "linear function of the policy's last hidden layer, with weights drawn per sub-env at the "
+                          "start of every explore() call (a rollout; off-policy: every horizon steps); log_std_init "
+                          "is then the log std of those weights (RL Zoo: -2 for A2C and PPO, -3 for SAC)")
+    sde_sample_freq: int = param(-1, "gSDE: also draw new noise weights every this many steps of an explore() call "
+                                 "(-1: only at its start)", low=-1)
+
+    def validate(self) -> None:
+        super().validate()  # type: ignore[misc]  # the Config this is mixed into
+        if self.sde_sample_freq == 0:
+            raise ConfigError("sde_sample_freq=0 is invalid: give a number of steps, or -1 for once per explore() "
+                              "call")
+
+
+class SDEExploration:
+    """gSDE's draw schedule for an agent whose actor has noise weights (``use_sde``): new weights for every sub-env
+    (and agent) at the start of every explore() call, and every ``sde_sample_freq`` steps of it."""
+
+    config: SDEConfig
+    actor: nn.Module
+    last_obs: torch.Tensor
+    obs_shape: tuple[int, ...]
+
+    def begin_explore_step(self, t: int) -> None:
+        freq = self.config.sde_sample_freq
+        if self.config.use_sde and (t == 0 or (freq > 0 and t % freq == 0)):
+            obs = self.last_obs
+            self.actor.resample(obs.shape[:obs.dim() - len(self.obs_shape)])
+
+
+@dataclasses.dataclass
+class OnPolicyConfig(SDEConfig, Config):
     """Settings every rollout algorithm (PPO, A2C, REINFORCE) shares (subclasses change the defaults)."""
 
     num_envs: int = param(16, "sub-envs stepped in one batch", low=1)
@@ -58,16 +93,9 @@ class OnPolicyConfig(Config):
     anneal_lr: bool = param(False, "decay the learning rate linearly towards 0 over total_steps: each update uses "
                             "lr * (1 - env steps done before its rollout / total_steps) (CleanRL's anneal_lr; RL "
                             "Zoo's lin_ learning rates)")
-    use_sde: bool = param(False, "generalised state-dependent exploration (gSDE, continuous actions): the noise is a "
-                          "linear function of the policy's last hidden layer, with weights drawn per sub-env at the "
-                          "start of every rollout; log_std_init is then the log std of those weights (RL Zoo: -2)")
-    sde_sample_freq: int = param(-1, "gSDE: also draw new noise weights every this many steps of a rollout (-1: only "
-                                 "at its start)", low=-1)
 
     def validate(self) -> None:
         super().validate()
-        if self.sde_sample_freq == 0:
-            raise ConfigError("sde_sample_freq=0 is invalid: give a number of steps, or -1 for once per rollout")
         count, name = self.advantage_batch()
         if self.normalize_advantages and count < 2:
             raise ConfigError(f"normalize_advantages=true needs at least 2 transitions to standardise ({name} = "
@@ -171,7 +199,7 @@ class OffPolicyAgent(Agent):
         return (loss * batch["weight"]).mean() if "weight" in batch else loss.mean()
 
 
-class OnPolicyAgent(Agent):
+class OnPolicyAgent(SDEExploration, Agent):
     """Base of rollout algorithms (PPO, A2C, REINFORCE): a categorical or Gaussian actor, optionally a V critic,
     one optimizer."""
 
@@ -233,14 +261,6 @@ class OnPolicyAgent(Agent):
             return self.actor(x)
         action = self.actor.sample(x)
         return action if self.is_discrete else action.clamp(-1.0, 1.0)
-
-    def begin_explore_step(self, t: int) -> None:
-        """gSDE: new noise weights for every sub-env (and agent) at the start of a rollout, and every
-        ``sde_sample_freq`` steps of it."""
-        freq = self.config.sde_sample_freq
-        if isinstance(self.actor, SDEGaussianActor) and (t == 0 or (freq > 0 and t % freq == 0)):
-            obs = self.last_obs
-            self.actor.resample(obs.shape[:obs.dim() - len(self.obs_shape)])
 
     def explore_action(self, obs: torch.Tensor) -> torch.Tensor:
         """The unclipped sample: its log-probability is what the update needs (the env clips it to [-1, 1])."""

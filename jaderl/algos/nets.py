@@ -64,31 +64,17 @@ class GaussianActor(nn.Module):
         return self.net(obs).clamp(-1.0, 1.0)
 
 
-class SDEGaussianActor(GaussianActor):
-    """Generalised state-dependent exploration (gSDE; Raffin et al. 2022, https://arxiv.org/abs/2005.05719), the
-    exploration of RL Zoo's A2C and PPO entries for Pendulum, MountainCarContinuous and some PyBullet tasks, and of
-    its A2C entries for LunarLanderContinuous and BipedalWalker.
+class StateDependentNoise:
+    """gSDE's noise (Raffin et al. 2022, https://arxiv.org/abs/2005.05719), mixed into the actors that explore with
+    it: a linear function z(s) theta of the policy's last hidden layer z(s), with noise weights theta (hidden[-1],
+    action_dim) drawn from N(0, sigma^2) for each sub-env (and agent) by :meth:`resample`, which the agent calls at
+    the start of every explore() call (and every ``sde_sample_freq`` steps). Between draws a sub-env explores along a
+    smooth function of its state instead of with independent noise at every step. For one state, the noise is
+    Gaussian with variance sum_j z_j(s)^2 sigma_jk^2 per action dimension k (:meth:`variance`). ``log_std``
+    (hidden[-1], action_dim) is learned."""
 
-    The noise is a linear function of the policy's last hidden layer z(s) (taken as a constant, as SB3 does with
-    ``learn_features=False``): a = mu(s) + z(s) theta, with noise weights theta (hidden[-1], action_dim) drawn from
-    N(0, sigma^2) for each sub-env (and agent) by :meth:`resample`, which the agent calls at the start of every
-    rollout (and every ``sde_sample_freq`` steps). Between draws a sub-env explores along a smooth function of its
-    state instead of with independent noise at every step. For one state, the action is Gaussian with mean mu(s) and
-    variance sum_j z_j(s)^2 sigma_jk^2 per action dimension k: that is the distribution :meth:`evaluate` scores.
-    ``log_std`` (hidden[-1], action_dim) is learned like the plain Gaussian policy's.
-    """
-
-    def __init__(self, obs_dim: int, action_dim: int, hidden: Sequence[int], activation: type[nn.Module] = nn.Tanh):
-        super().__init__(obs_dim, action_dim, hidden, activation)
-        self.log_std = nn.Parameter(torch.full((hidden[-1], action_dim), -0.5))
-        # the noise weights theta (..., hidden[-1], action_dim) of each sub-env; drawn again every rollout, so not saved
-        self.register_buffer("noise", torch.empty(0), persistent=False)
-
-    def latent_and_mean(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The last hidden layer z(s) (..., hidden[-1]) in float32 (it may be computed in bfloat16:
-        ``precision``) and the mean action mu(s) (..., action_dim)."""
-        latent = self.net[:-1](obs).float()
-        return latent, self.net[-1](latent)
+    log_std: nn.Parameter
+    noise: torch.Tensor  # the noise weights (..., hidden[-1], action_dim) of each sub-env; drawn again, not saved
 
     @torch.no_grad()
     def resample(self, batch_shape: Sequence[int]) -> None:
@@ -98,19 +84,46 @@ class SDEGaussianActor(GaussianActor):
             self.noise = torch.empty(shape, device=self.log_std.device)
         self.noise.normal_().mul_(self.log_std.exp())
 
-    def sample(self, obs: torch.Tensor) -> torch.Tensor:
-        """Unsquashed actions (..., action_dim) with the current noise weights; a batch of another shape than theirs
-        gets weights of its own for this call."""
-        latent, mean = self.latent_and_mean(obs)
+    def state_noise(self, latent: torch.Tensor) -> torch.Tensor:
+        """z(s) theta (..., action_dim) with the current noise weights; a batch of another shape than theirs gets
+        weights of its own for this call."""
         noise = self.noise
-        if noise.shape[:-2] != mean.shape[:-1]:
-            noise = torch.randn(*mean.shape[:-1], *self.log_std.shape, device=mean.device) * self.log_std.exp()
-        return mean + (latent.detach().unsqueeze(-2) @ noise).squeeze(-2)
+        if noise.shape[:-2] != latent.shape[:-1]:
+            noise = torch.randn(*latent.shape[:-1], *self.log_std.shape, device=latent.device) * self.log_std.exp()
+        return (latent.detach().unsqueeze(-2) @ noise).squeeze(-2)
+
+    def variance(self, latent: torch.Tensor) -> torch.Tensor:
+        """The noise's variance (..., action_dim) in the states whose last hidden layer is ``latent``."""
+        return latent.square() @ (2.0 * self.log_std).exp() + 1e-6  # SB3's epsilon
+
+
+class SDEGaussianActor(StateDependentNoise, GaussianActor):
+    """The Gaussian policy with gSDE (:class:`StateDependentNoise`), the exploration of RL Zoo's A2C and PPO entries
+    for Pendulum, MountainCarContinuous and some PyBullet tasks, and of its A2C entries for LunarLanderContinuous and
+    BipedalWalker: a = mu(s) + z(s) theta, with z(s) taken as a constant (SB3's ``learn_features=False``). For one
+    state, the action is Gaussian with mean mu(s) and the noise's variance: that is the distribution :meth:`evaluate`
+    scores."""
+
+    def __init__(self, obs_dim: int, action_dim: int, hidden: Sequence[int], activation: type[nn.Module] = nn.Tanh):
+        super().__init__(obs_dim, action_dim, hidden, activation)
+        self.log_std = nn.Parameter(torch.full((hidden[-1], action_dim), -0.5))
+        self.register_buffer("noise", torch.empty(0), persistent=False)
+
+    def latent_and_mean(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The last hidden layer z(s) (..., hidden[-1]) in float32 (it may be computed in bfloat16:
+        ``precision``) and the mean action mu(s) (..., action_dim)."""
+        latent = self.net[:-1](obs).float()
+        return latent, self.net[-1](latent)
+
+    def sample(self, obs: torch.Tensor) -> torch.Tensor:
+        """Unsquashed actions (..., action_dim) with the current noise weights."""
+        latent, mean = self.latent_and_mean(obs)
+        return mean + self.state_noise(latent)
 
     def evaluate(self, obs: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Log-probability (B,) of ``action`` and the policy's entropy (B,) in each state."""
         latent, mean = self.latent_and_mean(obs)
-        var = latent.detach().square() @ (2.0 * self.log_std).exp() + 1e-6  # (B, action_dim); SB3's epsilon
+        var = self.variance(latent.detach())  # (B, action_dim)
         log_var = var.log()
         log_prob = (-0.5 * (action - mean).square() / var - 0.5 * log_var - 0.5 * math.log(2 * math.pi)).sum(-1)
         entropy = (0.5 + 0.5 * math.log(2 * math.pi) + 0.5 * log_var).sum(-1)
@@ -129,14 +142,65 @@ class TanhGaussianActor(nn.Module):
         mean, log_std = self.net(obs).chunk(2, -1)
         log_std, noise = log_std.clamp(-5.0, 2.0), torch.randn_like(mean)
         u = mean + log_std.exp() * noise
-        # log N(u) - log|d tanh(u)/du| with (u - mean) / std = noise, the Jacobian term written stably as
-        # 2(log 2 - u - softplus(-2u))
-        log_prob = (-0.5 * noise.square() - log_std - (0.5 * math.log(2 * math.pi) + 2.0 * math.log(2.0))
-                    + 2.0 * (u + F.softplus(-2.0 * u))).sum(-1)
-        return torch.tanh(u), log_prob
+        return torch.tanh(u), squashed_log_prob(u, noise, log_std)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         return torch.tanh(self.net(obs).chunk(2, -1)[0])
+
+
+class TanhSDEActor(StateDependentNoise, nn.Module):
+    """SAC's squashed policy with gSDE (:class:`StateDependentNoise`), as in RL Zoo's SAC entries that set
+    ``use_sde`` (BipedalWalker, the PyBullet tasks): a = tanh(u), u = mu(s) + z(s) theta while exploring, with the
+    mean clipped to [-2, 2] (SB3's ``clip_mean``) and the features z(s) learned with the policy (SB3's
+    ``learn_features=True``: gradients reach them through the variance).
+
+    :meth:`sample` (the SAC losses) draws u from the per-state distribution the exploring actions have,
+    N(mu(s), variance(z(s))), with independent noise per sample, and scores it with the tanh Jacobian as
+    :class:`TanhGaussianActor` does. (SB3 draws one theta for the whole batch at every gradient step: the same
+    distribution per state, with noise correlated across the batch.)"""
+
+    def __init__(self, obs_dim: int, action_dim: int, hidden: Sequence[int], log_std_init: float = -3.0,
+                 clip_mean: float = 2.0) -> None:
+        super().__init__()
+        self.net = mlp([obs_dim, *hidden, action_dim])
+        self.log_std = nn.Parameter(torch.full((hidden[-1], action_dim), log_std_init))
+        self.register_buffer("noise", torch.empty(0), persistent=False)
+        self.clip_mean = clip_mean
+
+    def latent_and_mean(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The last hidden layer z(s) (..., hidden[-1]) in float32 and the clipped mean mu(s) (..., action_dim)."""
+        latent = self.net[:-1](obs).float()
+        return latent, self.net[-1](latent).clamp(-self.clip_mean, self.clip_mean)
+
+    def sample(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Reparameterised action (B, action_dim) and its log-probability (B,)."""
+        latent, mean = self.latent_and_mean(obs)
+        std = self.variance(latent).sqrt()
+        noise = torch.randn_like(mean)
+        u = mean + std * noise
+        return torch.tanh(u), squashed_log_prob(u, noise, std.log())
+
+    def explore(self, obs: torch.Tensor) -> torch.Tensor:
+        """Actions (..., action_dim) with the current noise weights."""
+        latent, mean = self.latent_and_mean(obs)
+        return torch.tanh(mean + self.state_noise(latent))
+
+    def log_prob(self, obs: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+        """log pi(a|s) (B,) of actions a in (-1, 1), e.g. stored ones."""
+        latent, mean = self.latent_and_mean(obs)
+        log_std = 0.5 * self.variance(latent).log()
+        u = torch.atanh(action.clamp(-1 + 1e-3, 1 - 1e-3))  # saturated actions would give atanh -> inf
+        return squashed_log_prob(u, (u - mean) * (-log_std).exp(), log_std)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.latent_and_mean(obs)[1])
+
+
+def squashed_log_prob(u: torch.Tensor, noise: torch.Tensor, log_std: torch.Tensor) -> torch.Tensor:
+    """log pi(tanh(u)) (B,) for u ~ N(mean, std) with ``noise`` = (u - mean) / std: log N(u) - log|d tanh(u)/du|,
+    the Jacobian term written stably as 2(log 2 - u - softplus(-2u))."""
+    return (-0.5 * noise.square() - log_std - (0.5 * math.log(2 * math.pi) + 2.0 * math.log(2.0))
+            + 2.0 * (u + F.softplus(-2.0 * u))).sum(-1)
 
 
 class EnsembleLinear(nn.Module):

@@ -26,6 +26,11 @@ undone (parameters and optimizer states restored), so the schedule costs no host
 its random numbers).
 
 Only ``terminated`` stops the bootstrap; truncated transitions bootstrap from ``next_obs``.
+
+gSDE (``use_sde``, RL Zoo's SAC entries for BipedalWalker and the PyBullet tasks) explores with noise that is a
+linear function of the policy's last hidden layer, its weights drawn per sub-env at the start of every explore()
+call (every ``horizon`` env steps) and every ``sde_sample_freq`` steps (:class:`~jaderl.algos.nets.TanhSDEActor`);
+the losses above read the same per-state distribution.
 """
 
 from __future__ import annotations
@@ -38,16 +43,16 @@ from typing import Any
 import torch
 from torch import nn
 
-from jaderl.algos.base import OffPolicyAgent, OffPolicyConfig
+from jaderl.algos.base import OffPolicyAgent, OffPolicyConfig, SDEConfig, SDEExploration
 from jaderl.algos.hterm import HTermConfig, WithHTerm, tanh_gaussian_log_prob
-from jaderl.algos.nets import EnsembleQ, TanhGaussianActor, Temperature
+from jaderl.algos.nets import EnsembleQ, TanhGaussianActor, TanhSDEActor, Temperature
 from jaderl.core.buffers import ReplayBuffer
 from jaderl.core.config import ConfigError, param
 from jaderl.envs.vec import EnvSpec
 
 
 @dataclasses.dataclass
-class SACConfig(OffPolicyConfig, HTermConfig):
+class SACConfig(OffPolicyConfig, HTermConfig, SDEConfig):
     """SAC settings."""
 
     hterm_every: int = param(64, "H-term: one H-term update per this many iterations (here: env steps "
@@ -64,6 +69,7 @@ class SACConfig(OffPolicyConfig, HTermConfig):
     actor_every: int = param(1, "one actor and alpha step per this many critic steps (REDQ: 20, i.e. one per env "
                              "step at 20 updates per step)", low=1)
     init_alpha: float = param(1.0, "initial entropy coefficient", low=0.0, open_low=True)
+    log_std_init: float = param(-3.0, "gSDE (use_sde): initial log std of the noise weights (SB3's SAC: -3)")
 
     def validate(self) -> None:
         super().validate()
@@ -77,7 +83,7 @@ class SACConfig(OffPolicyConfig, HTermConfig):
                               f"num_critics={self.num_critics}; lower it or add critics")
 
 
-class SAC(WithHTerm, OffPolicyAgent):
+class SAC(WithHTerm, SDEExploration, OffPolicyAgent):
     """SAC, ModSAC and REDQ for continuous actions."""
 
     config_cls = SACConfig
@@ -86,7 +92,9 @@ class SAC(WithHTerm, OffPolicyAgent):
 
     def __init__(self, config: SACConfig, spec: EnvSpec, device: torch.device) -> None:
         super().__init__(config, spec, device)
-        self.actor = TanhGaussianActor(self.obs_dim, self.action_dim, config.hidden).to(device)
+        self.actor: TanhGaussianActor | TanhSDEActor = (
+            TanhSDEActor(self.obs_dim, self.action_dim, config.hidden, config.log_std_init) if config.use_sde
+            else TanhGaussianActor(self.obs_dim, self.action_dim, config.hidden)).to(device)
         self.critic = EnsembleQ(self.obs_dim, self.action_dim, config.hidden, config.num_critics).to(device)
         self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
         self.alpha = Temperature(config.init_alpha).to(device)
@@ -140,6 +148,8 @@ class SAC(WithHTerm, OffPolicyAgent):
         return int(self._actor_updates.item())
 
     def hterm_log_prob(self, features: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+        if isinstance(self.actor, TanhSDEActor):
+            return self.actor.log_prob(features, action)
         return tanh_gaussian_log_prob(self.actor, features, action)
 
     def hterm_actor(self) -> tuple[nn.Module, torch.optim.Optimizer]:
@@ -148,7 +158,9 @@ class SAC(WithHTerm, OffPolicyAgent):
     @torch.no_grad()
     def act(self, obs: torch.Tensor, deterministic: bool = False) -> torch.Tensor:
         x = self.features(obs)
-        return self.actor(x) if deterministic else self.actor.sample(x)[0]
+        if deterministic:
+            return self.actor(x)
+        return self.actor.explore(x) if isinstance(self.actor, TanhSDEActor) else self.actor.sample(x)[0]
 
     def update(self, buffer: ReplayBuffer) -> dict[str, torch.Tensor]:
         if self.config.modsac:

@@ -40,6 +40,8 @@ CASES: dict[str, tuple[str, str, float, dict[str, Any]]] = {
     "ppo-config-cartpole": ("ppo", "CartPole-v1", 475.0, _settings("ppo_cartpole.yaml")),
     # gSDE exploration with RL-Zoo's PPO settings for Pendulum (a config file with zoo: false; seeds 0-1: 12k-16k)
     "ppo-gsde-config-pendulum": ("ppo", "jaderl/Pendulum-v1", -200.0, _settings("ppo_pendulum_gsde.yaml")),
+    # SAC's squashed gSDE on the zoo's SAC settings (seeds 0 and 21: 4k steps, as without it)
+    "sac-gsde-pendulum": ("sac", "jaderl/Pendulum-v1", -200.0, {"use_sde": True}),
     # mixed precision (hidden layers in bfloat16) on the zoo's settings: about as many steps as float32 (PPO seeds
     # 0-4: 25k-41k; SAC seeds 0-2: 4k-5k)
     "ppo-bfloat16-pendulum": ("ppo", "jaderl/Pendulum-v1", -200.0, {"precision": "bfloat16"}),
@@ -50,10 +52,10 @@ CASES: dict[str, tuple[str, str, float, dict[str, Any]]] = {
 
 
 SECONDS = {"noisy_dqn-cartpole": 70, "modsac-pendulum": 65, "td3-pendulum": 40, "sac-pendulum": 35,
-           "a2c-pendulum": 35, "redq-pendulum": 35, "sac-bfloat16-pendulum": 35, "vpg-pendulum": 30, "dqn-cartpole": 30,
-           "dqn-per-3step-cartpole": 30, "d3qn-cartpole": 30, "dueling_dqn-cartpole": 30,
-           "ppo-gsde-config-pendulum": 30, "double_dqn-cartpole": 25, "ddpg-pendulum": 25, "vpg-cartpole": 25,
-           "reinforce-cartpole": 20, "reinforce-pendulum": 20}
+           "a2c-pendulum": 35, "redq-pendulum": 35, "sac-bfloat16-pendulum": 35, "sac-gsde-pendulum": 35,
+           "vpg-pendulum": 30, "dqn-cartpole": 30, "dqn-per-3step-cartpole": 30, "d3qn-cartpole": 30,
+           "dueling_dqn-cartpole": 30, "ppo-gsde-config-pendulum": 30, "double_dqn-cartpole": 25,
+           "ddpg-pendulum": 25, "vpg-cartpole": 25, "reinforce-cartpole": 20, "reinforce-pendulum": 20}
 """Measured seconds of the longer cases on a shared 2-core machine (run first: see tests/conftest.py)."""
 
 
