@@ -93,7 +93,6 @@ SETTINGS: dict[str, Any] = {"num_envs": 64, "horizon": 32, "gamma": 0.9, "reward
 SPACE = "lr=loguniform:1e-5:1e-1"
 THROUGHPUT_SPACE = "lr=loguniform:5e-4:2e-3"
 RESAMPLE = 0.25
-PBT_MODULE = sys.modules["jaderl.population.pbt"]  # the module (the package exports the function as ``pbt``)
 
 
 def cores() -> int:
@@ -114,42 +113,23 @@ def fmt(x: float, digits: int = 0) -> str:
     return f"{x:,.{digits}f}" if math.isfinite(x) else str(x)
 
 
-class ExploitClock:
-    """Times jaderl's exploit steps (``_Controller._exploit``, called in the driver) while it is installed."""
-
-    def __init__(self) -> None:
-        self.steps: list[tuple[float, int]] = []  # (seconds, copies)
-
-    def __enter__(self) -> ExploitClock:
-        self.original = original = PBT_MODULE._Controller._exploit
-        clock = self
-
-        def timed(controller: Any, *args: Any) -> Any:
-            start = time.perf_counter()
-            parents, explored = original(controller, *args)
-            clock.steps.append((time.perf_counter() - start, len(explored)))
-            return parents, explored
-
-        PBT_MODULE._Controller._exploit = timed
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        PBT_MODULE._Controller._exploit = self.original
-
-
 def run_pbt(args: argparse.Namespace, seed: int, run_dir: Path, space: str, members: int, period: int,
             generations: int) -> dict[str, Any]:
     """A jaderl population on the Ray this process holds; its wall time, progress clock and population.csv."""
     clock: list[float] = []
+    exploits: list[tuple[float, int]] = []  # (seconds, copies) of each generation's exploit step
+
+    def progress(info: dict[str, Any]) -> None:
+        clock.append(info["time_s"])
+        exploits.append((info["exploit_s"], info["copies"]))
+
     start = time.perf_counter()
-    with ExploitClock() as exploits:
-        result = pbt(ALGO, ENV, members=members, period=period, generations=generations, seed=seed,
-                     run_dir=str(run_dir), space=[space], quantile=args.quantile, resample_probability=RESAMPLE,
-                     progress=lambda p: clock.append(p["time_s"]), **SETTINGS)
+    result = pbt(ALGO, ENV, members=members, period=period, generations=generations, seed=seed, run_dir=str(run_dir),
+                 space=[space], quantile=args.quantile, resample_probability=RESAMPLE, progress=progress, **SETTINGS)
     wall = time.perf_counter() - start
     with open(run_dir / "population.csv", newline="") as f:
         rows = list(csv.DictReader(f))
-    return {"wall_s": wall, "clock": clock, "rows": rows, "best": result.best_score, "exploits": exploits.steps}
+    return {"wall_s": wall, "clock": clock, "rows": rows, "best": result.best_score, "exploits": exploits}
 
 
 def run_members(ray: Any, seed: int, run_dir: Path, space: Space, members: int, period: int,

@@ -160,8 +160,9 @@ def _pbt(args: argparse.Namespace) -> Any:
 
     def progress(info: dict[str, Any]) -> None:
         scores = " ".join(f"{s:.1f}" for s in info["scores"])
+        copied = f" | {info['copies']} copied in {info['exploit_s']:.1f} s" if info["copies"] else ""
         print(f"generation {info['generation']}/{info['generations']} | best {info['best_score']:.2f} | "
-              f"scores {scores} | {info['time_s']:.1f} s", file=sys.stderr, flush=True)
+              f"scores {scores}{copied} | {info['time_s']:.1f} s", file=sys.stderr, flush=True)
 
     if args.resume:
         if args.algo or args.env or args.overrides or args.space:

@@ -144,7 +144,10 @@ def pbt(algo: str, env: str, *, members: int = 8, period: int = 20_000, generati
     """Train a population of ``members`` agents of ``algo`` on ``env`` with PBT (see the module docstring) in a new
     population directory ``run_dir``; ``settings`` are config fields for every member. With no ``address`` (and
     no ``RAY_ADDRESS``) a local Ray with ``num_cpus`` (default: this machine's) runs it. With ``period_s``, a period is
-    that many seconds of each member's own training time instead of ``period`` env steps."""
+    that many seconds of each member's own training time instead of ``period`` env steps. ``progress`` is called
+    after every generation with ``generation``, ``generations``, the members' ``scores``, ``best_score``, each
+    member's ``parents`` for the next generation, ``copies`` (members that copied another), ``exploit_s`` (seconds
+    the driver spent on those copies; they run side by side) and ``time_s`` (since the start)."""
     config = PBTSettings(algo, env, members, period, generations, seed, space_entries(space), quantile,
                          resample_probability, copy_buffer, resources, max_restarts, settings, period_s)
     parsed = config.validate()
@@ -274,9 +277,10 @@ class _Controller:
                 rows.append(csv_row(g, k, state["members"][k]["parent"], results[k]["steps"], scores[k],
                                     {n: infos[k]["hyperparameters"][n] for n in self.space}, infos[k]["node"]))
             write_rows(self.pop_dir, rows)
-            parents, explored = list(range(config.members)), {}
+            parents, explored, exploit_start = list(range(config.members)), {}, time.perf_counter()
             if g + 1 < config.generations:
                 parents, explored = self._exploit(scores, [info["hyperparameters"] for info in infos])
+            exploit_s = time.perf_counter() - exploit_start
             state["members"] = [{"parent": parents[k], "hyperparameters": explored.get(
                 k, {n: infos[k]["hyperparameters"][n] for n in self.space})} for k in range(config.members)]
             state["generation"], state["rng"] = g + 1, _rng_to_json(self.rng)
@@ -286,7 +290,8 @@ class _Controller:
                 self.plotted_at = time.perf_counter()
             if progress is not None:
                 progress({"generation": g + 1, "generations": config.generations, "scores": scores,
-                          "best_score": max(scores), "parents": parents, "time_s": time.perf_counter() - start})
+                          "best_score": max(scores), "parents": parents, "copies": len(explored),
+                          "exploit_s": exploit_s, "time_s": time.perf_counter() - start})
         if not scores:  # nothing left to train: the last generation's scores
             scores = [float(r["score"]) for r in rows if int(r["generation"]) == config.generations - 1]
         return scores

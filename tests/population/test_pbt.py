@@ -12,6 +12,7 @@ import io
 import json
 import math
 import os
+import re
 import signal
 import threading
 import time
@@ -144,8 +145,10 @@ def test_population_csv_records_every_member_and_generation(population: tuple[Pa
     assert list(rows[0]) == ["generation", "member", "parent", "steps", "score", "hyperparameters", "node"]
     assert [(int(r["generation"]), int(r["member"])) for r in rows] == [(g, m) for g in range(3) for m in range(3)]
     assert all(int(r["steps"]) == 128 * (int(r["generation"]) + 1) for r in rows)
-    assert [line.split(" |")[0] for line in err.splitlines() if line.startswith("generation")] == \
-        ["generation 1/3", "generation 2/3", "generation 3/3"]
+    lines = [line for line in err.splitlines() if line.startswith("generation")]
+    assert [line.split(" |")[0] for line in lines] == ["generation 1/3", "generation 2/3", "generation 3/3"]
+    # each generation but the last ends with the exploit step: the worst of 3 members (quantile 0.34) copies the best
+    assert [re.search(r"\| (\d) copied in [\d.]+ s \|", line) is not None for line in lines] == [True, True, False]
     for g in (1, 2):  # the worst member of g - 1 started generation g from a copy of the best one, with lr x0.8/1.2
         before = [r for r in rows if int(r["generation"]) == g - 1]
         scores = [float(r["score"]) for r in before]
