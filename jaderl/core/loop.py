@@ -238,15 +238,16 @@ class Trainer:
             self.last_eval = value
         return value if value is not None else math.nan
 
-    def run(self, steps: int | None = None) -> TrainResult:
+    def run(self, steps: int | None = None, until_time_s: float | None = None) -> TrainResult:
         """Train until a stop condition (see the module docstring); ``steps``: at most this many more env steps
-        (stop reason ``period``), e.g. one period of a population member."""
+        (stop reason ``period``), e.g. one period of a population member; ``until_time_s``: until the run's training
+        time (``time_s``, counted over resumes) reaches this many seconds (stop reason ``time_limit``)."""
         until = None if steps is None else self.agent.steps + steps
         reason = ""
         try:
             while not reason:
                 self.step()
-                reason = self.budget_reason(until)
+                reason = self.budget_reason(until, until_time_s)
                 reason = self._evaluate_if_due(reason)
                 if self.config.record_every and self.evaluator is not None and self.agent.steps >= self.next_record:
                     self.next_record = (self.agent.steps // self.config.record_every + 1) * self.config.record_every
@@ -301,13 +302,15 @@ class Trainer:
     def best_return(self) -> float:
         return self.evaluator.best_return if self.evaluator is not None else -math.inf
 
-    def budget_reason(self, until: int | None = None) -> str:
-        """Why the run must stop now for its budgets or a ``stop`` file (consumed), or "" to go on."""
+    def budget_reason(self, until: int | None = None, until_time_s: float | None = None) -> str:
+        """Why the run must stop now for its budgets (``until``: an env step; ``until_time_s``: a training time
+        besides ``time_limit``) or a ``stop`` file (consumed), or "" to go on."""
         if self.agent.steps >= self.config.total_steps:
             return "total_steps"
         if until is not None and self.agent.steps >= until:
             return "period"
-        if self.config.time_limit is not None and self.time_s >= self.config.time_limit:
+        limits = [s for s in (self.config.time_limit, until_time_s) if s is not None]
+        if limits and self.time_s >= min(limits):
             return "time_limit"
         if (self.run_dir / "stop").exists():
             (self.run_dir / "stop").unlink()

@@ -55,12 +55,7 @@ class Member:
             reason = trainer.run(steps=steps - trainer.agent.steps).stop_reason  # evaluates, checkpoints when it stops
             score = trainer.last_eval
         elif time_s is not None and time_s > trainer.time_s:
-            budget = trainer.config.time_limit
-            trainer.config = trainer.config.replace(time_limit=time_s)  # run() stops at this much training time
-            try:
-                reason = trainer.run().stop_reason
-            finally:
-                trainer.config = trainer.config.replace(time_limit=budget)
+            reason = trainer.run(until_time_s=time_s).stop_reason
             score = trainer.last_eval
         else:  # reached in an earlier attempt (a population resumed after its driver died)
             reason, score = "period", trainer.evaluate()
