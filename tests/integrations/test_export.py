@@ -40,10 +40,11 @@ SETTINGS: dict[str, Any] = {
 }
 
 
-def tiny_run(algo: str, env_id: str, run_dir: Path) -> Agent:
-    """Train ``algo`` on ``env_id`` for a few steps with real updates and load its best policy."""
+def tiny_run(algo: str, env_id: str, run_dir: Path, **extra: Any) -> Agent:
+    """Train ``algo`` on ``env_id`` for a few steps with real updates (and ``extra`` settings) and load its best
+    policy."""
     fields = {f.name for f in dataclasses.fields(ALGOS[algo].agent_cls.config_cls)}
-    settings = {k: v for k, v in SETTINGS.items() if k in fields}
+    settings = {k: v for k, v in SETTINGS.items() if k in fields} | extra
     if not ALGOS[algo].agent_cls.on_policy:
         settings["horizon"] = 1
     jaderl.train(algo, env_id, run_dir=str(run_dir), **settings)
@@ -79,8 +80,13 @@ def assert_same_actions(got: np.ndarray, expected: np.ndarray, discrete: bool) -
 
 @pytest.mark.parametrize(("algo", "kind"), CASES, ids=[f"{a}-{k.replace(' ', '-')}" for a, k in CASES])
 def test_exported_policy_computes_predict(algo: str, kind: str, tmp_path: Path) -> None:
+    check_export(algo, kind, tmp_path)
+
+
+def check_export(algo: str, kind: str, tmp_path: Path, **extra: Any) -> None:
+    """``algo`` trained a little on the ``kind`` env: its ONNX and TorchScript files compute what predict does."""
     env_id = ENVS[kind]
-    agent = tiny_run(algo, env_id, tmp_path / "run")
+    agent = tiny_run(algo, env_id, tmp_path / "run", **extra)
     assert agent.obs_norm.enabled and not torch.equal(agent.obs_norm.mean, torch.zeros_like(agent.obs_norm.mean))
     obs = observations(agent, env_id)
     expected = agent.predict(obs)
@@ -94,6 +100,12 @@ def test_exported_policy_computes_predict(algo: str, kind: str, tmp_path: Path) 
         assert np.abs(expected).max() <= 2.0
         raw = agent.act(torch.from_numpy(obs), deterministic=True).numpy()
         np.testing.assert_allclose(expected, 2.0 * raw, atol=1e-6)
+
+
+@pytest.mark.parametrize("algo", ["ppo", "sac"])
+def test_a_gsde_policy_exports_its_mean_action(algo: str, tmp_path: Path) -> None:
+    """gSDE's noise weights are exploration only: the exported policy is the deterministic one, as predict's."""
+    check_export(algo, "continuous", tmp_path, use_sde=True)
 
 
 def test_onnx_graph_has_a_dynamic_batch_axis(tmp_path: Path) -> None:
