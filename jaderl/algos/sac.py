@@ -52,7 +52,7 @@ from jaderl.envs.vec import EnvSpec
 
 
 @dataclasses.dataclass
-class SACConfig(OffPolicyConfig, HTermConfig, SDEConfig):
+class SACConfig(SDEConfig, OffPolicyConfig, HTermConfig):
     """SAC settings."""
 
     hterm_every: int = param(64, "H-term: one H-term update per this many iterations (here: env steps "

@@ -13,6 +13,7 @@ from torch.distributions import Normal, TanhTransform, TransformedDistribution
 import jaderl
 from jaderl.algos.nets import TanhSDEActor
 from jaderl.api import ALGOS, make_config
+from jaderl.core.config import ConfigError
 
 
 def _actor(seed: int = 0) -> TanhSDEActor:
@@ -86,6 +87,12 @@ def test_noise_is_drawn_at_each_explore_call_and_every_sde_sample_freq_steps(
         assert drawn == [(3,)] * 2 * draws_per_call
         assert agent.actor.noise.shape == (3, 16, 1)  # one weight matrix per sub-env
         assert batch["action"].abs().max() <= 1.0
+
+
+@pytest.mark.parametrize("algo", ["sac", "ppo"])
+def test_a_draw_every_zero_steps_is_refused_in_one_sentence(algo: str) -> None:
+    with pytest.raises(ConfigError, match=r"^sde_sample_freq=0 is invalid: give a number of steps, or -1"):
+        make_config(algo, "jaderl/Pendulum-v1", use_sde=True, sde_sample_freq=0, zoo=False)
 
 
 @pytest.mark.parametrize("settings", [{}, {"use_hterm": True, "hterm_trajectories": 4, "hterm_length": 4,
