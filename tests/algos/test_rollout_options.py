@@ -1,6 +1,6 @@
 """Options every rollout algorithm shares. gSDE (``use_sde``): the distribution its log-probabilities score is the one
-its actions are drawn from, the noise weights are drawn when the schedule says, and the rollout algorithms train and
-resume with it. ``anneal_lr``: the learning rate of each update."""
+its actions are drawn from, the noise weights are drawn when the schedule says (SAC's too, whose schedule is the
+same), and the rollout algorithms train and resume with it. ``anneal_lr``: the learning rate of each update."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import jaderl
-from jaderl.algos.nets import SDEGaussianActor
+from jaderl.algos.nets import SDEGaussianActor, TanhSDEActor
 from jaderl.api import ALGOS, make_config
 from jaderl.core.config import ConfigError
 
@@ -67,21 +67,28 @@ def test_a_sub_env_keeps_its_noise_weights_until_they_are_drawn_again() -> None:
         assert torch.equal(actor.noise, stored)
 
 
+@pytest.mark.parametrize(("algo", "settings", "actor_cls", "latent"), [
+    ("ppo", {"minibatch_size": 8}, SDEGaussianActor, 64),
+    ("sac", {"hidden": [16, 16], "warmup_steps": 0}, TanhSDEActor, 16),  # off-policy: every explore() call
+])
 @pytest.mark.parametrize(("freq", "draws_per_rollout"), [(-1, 1), (3, 3), (8, 1)])
 def test_noise_is_drawn_at_each_rollout_start_and_every_sde_sample_freq_steps(
-        freq: int, draws_per_rollout: int, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    config = make_config("ppo", "jaderl/Pendulum-v1", use_sde=True, sde_sample_freq=freq, num_envs=3, horizon=8,
-                         minibatch_size=8, device="cpu", zoo=False, run_dir=str(tmp_path))
-    with jaderl.Trainer(config, ALGOS["ppo"].agent_cls) as trainer:
+        algo: str, settings: dict[str, object], actor_cls: type, latent: int, freq: int, draws_per_rollout: int,
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    config = make_config(algo, "jaderl/Pendulum-v1", use_sde=True, sde_sample_freq=freq, num_envs=3, horizon=8,
+                         device="cpu", zoo=False, run_dir=str(tmp_path), **settings)
+    with jaderl.Trainer(config, ALGOS[algo].agent_cls) as trainer:
         agent = trainer.agent
-        assert isinstance(agent.actor, SDEGaussianActor)
+        assert isinstance(agent.actor, actor_cls)
         drawn: list[tuple[int, ...]] = []
         resample = agent.actor.resample
         monkeypatch.setattr(agent.actor, "resample", lambda shape: (drawn.append(tuple(shape)), resample(shape)))
-        agent.explore(trainer.env, 8)
+        batch = agent.explore(trainer.env, 8)
         agent.explore(trainer.env, 8)
         assert drawn == [(3,)] * 2 * draws_per_rollout
-        assert agent.actor.noise.shape == (3, 64, 1)  # one weight matrix per sub-env
+        assert agent.actor.noise.shape == (3, latent, 1)  # one weight matrix per sub-env
+        if algo == "sac":  # squashed
+            assert batch["action"].abs().max() <= 1.0
 
 
 def test_bad_settings_are_one_sentence(tmp_path: Path) -> None:

@@ -71,24 +71,6 @@ def test_features_learn_through_the_noise_variance() -> None:
     assert actor.log_std.grad is not None and actor.log_std.grad.abs().sum() > 0
 
 
-@pytest.mark.parametrize(("freq", "draws_per_call"), [(-1, 1), (3, 3)])
-def test_noise_is_drawn_at_each_explore_call_and_every_sde_sample_freq_steps(
-        freq: int, draws_per_call: int, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    config = make_config("sac", "jaderl/Pendulum-v1", use_sde=True, sde_sample_freq=freq, num_envs=3, horizon=8,
-                         hidden=[16, 16], warmup_steps=0, device="cpu", zoo=False, run_dir=str(tmp_path))
-    with jaderl.Trainer(config, ALGOS["sac"].agent_cls) as trainer:
-        agent = trainer.agent
-        assert isinstance(agent.actor, TanhSDEActor)
-        drawn: list[tuple[int, ...]] = []
-        resample = agent.actor.resample
-        monkeypatch.setattr(agent.actor, "resample", lambda shape: (drawn.append(tuple(shape)), resample(shape)))
-        batch = agent.explore(trainer.env, 8)
-        agent.explore(trainer.env, 8)
-        assert drawn == [(3,)] * 2 * draws_per_call
-        assert agent.actor.noise.shape == (3, 16, 1)  # one weight matrix per sub-env
-        assert batch["action"].abs().max() <= 1.0
-
-
 @pytest.mark.parametrize("algo", ["sac", "ppo"])
 def test_a_draw_every_zero_steps_is_refused_in_one_sentence(algo: str) -> None:
     with pytest.raises(ConfigError, match=r"^sde_sample_freq=0 is invalid: give a number of steps, or -1"):
