@@ -17,6 +17,8 @@ import math
 import os
 import sys
 import time
+import warnings
+from pathlib import Path
 from typing import Any, NoReturn
 
 from jaderl import api
@@ -268,7 +270,27 @@ def _json_ready(value: Any) -> Any:
     return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
+_PACKAGE = str(Path(__file__).resolve().parent)
+
+
 def main(argv: list[str] | None = None) -> int:
+    """The ``jaderl`` command; jaderl's own warnings print as one line (``jaderl: warning: ...``) while it runs."""
+    python_format = warnings.formatwarning
+
+    def one_line(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                 line: str | None = None) -> str:
+        if str(Path(filename).resolve()).startswith(_PACKAGE):
+            return f"jaderl: warning: {message}\n"
+        return python_format(message, category, filename, lineno, line)
+
+    warnings.formatwarning = one_line
+    try:
+        return _main(argv)
+    finally:
+        warnings.formatwarning = python_format
+
+
+def _main(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
     code = 0
     try:

@@ -14,6 +14,7 @@ so one network can still act differently per agent. Every per-agent network ther
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
@@ -33,6 +34,15 @@ class MultiAgent:
         self.state_dim = int(torch.tensor(self.spec.state_shape or (0,)).prod())
         self.agent_ids = torch.eye(self.num_agents, device=device)  # (agents, agents)
         self.obs_dim += self.num_agents  # the networks read the observation features and the id
+        if self.learns_team_reward() and len(teams := dict.fromkeys(self.spec.teams)) > 1:
+            warnings.warn(f"{config.algo or type(self).__name__} learns the sum of every agent's reward, and "
+                          f"{config.env or 'this env'} has agents of {len(teams)} kinds ({', '.join(teams)}): in a "
+                          "game between teams that sum is no team's goal, so use ippo, iql, maddpg or matd3, which "
+                          "learn each agent's own reward", stacklevel=2)
+
+    def learns_team_reward(self) -> bool:
+        """Whether this agent learns the team reward (every agent's summed) rather than each agent's own."""
+        return False
 
     @classmethod
     def accepts(cls, spec: EnvSpec) -> str | None:

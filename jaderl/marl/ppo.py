@@ -108,6 +108,9 @@ class MAPPO(MultiAgent, OnPolicyAgent):
         self.state_norm = ObsNorm((self.state_dim,), config.normalize_obs).to(device)
         self.value_norm = ObsNorm((1,), config.normalize_values, clip=math.inf).to(device)
 
+    def learns_team_reward(self) -> bool:
+        return self.config.centralised_critic
+
     def running_stats(self) -> dict[str, nn.Module | torch.Tensor]:
         return super().running_stats() | {"state_norm": self.state_norm, "value_norm": self.value_norm}
 

@@ -142,6 +142,9 @@ class QMIX(MultiAgent, OffPolicyAgent):
         self.optimizer = self.adam(params, lr=config.lr)
         self.num_updates = 0
 
+    def learns_team_reward(self) -> bool:
+        return self.config.mixer != "none"
+
     @classmethod
     def accepts(cls, spec: EnvSpec) -> str | None:
         if (reason := super().accepts(spec)) is not None:

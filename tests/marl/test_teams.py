@@ -1,0 +1,48 @@
+"""Games between teams: the algorithms that learn the team reward (every agent's summed) warn when an env's agents
+are of several kinds; those that learn each agent's own reward train on it quietly."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+from jaderl.api import ALGOS, make_config
+from jaderl.envs import make_env
+from tests.test_cli import _subprocess
+
+TEAM_REWARD = ["mappo", "qmix", "vdn"]
+OWN_REWARD = ["ippo", "iql", "maddpg", "matd3"]
+
+
+def build(algo: str, env: str) -> list[str]:
+    """The warnings ``algo``'s agent gives when it is built for ``env``."""
+    rollout = {"horizon": 4, "minibatch_size": 8} if "ppo" in algo else {}
+    config = make_config(algo, env, device="cpu", num_envs=2, hidden=[8, 8], **rollout)
+    spec = make_env(env, 1, "cpu", seed=0).spec
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ALGOS[algo].agent_cls(config, spec, torch.device("cpu"))
+    return [str(w.message) for w in caught]
+
+
+@pytest.mark.parametrize("algo", TEAM_REWARD + OWN_REWARD)
+def test_team_reward_learners_warn_on_a_game_between_teams(algo: str) -> None:
+    said = build(algo, "jaderl/simple_tag")
+    if algo in TEAM_REWARD:
+        assert said == [f"{algo} learns the sum of every agent's reward, and jaderl/simple_tag has agents of 2 kinds "
+                        "(adversary, agent): in a game between teams that sum is no team's goal, so use ippo, iql, "
+                        "maddpg or matd3, which learn each agent's own reward"]
+    else:
+        assert said == []
+    assert build(algo, "jaderl/simple_spread") == []  # one team
+
+
+def test_the_command_prints_the_warning_as_one_line(tmp_path: Path) -> None:
+    proc = _subprocess(["train", "vdn", "jaderl/simple_tag", "--total-steps", "32", "--eval-episodes", "1",
+                        "--set", "warmup_steps=16", "--run-dir", str(tmp_path / "run"), "--device", "cpu"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if "warning" in line.lower()]
+    assert lines == [line for line in lines if line.startswith("jaderl: warning: vdn learns the sum")] and lines
