@@ -377,6 +377,16 @@ class Trainer:
         self.history.append({"step": self.agent.steps, "changed": {k: [old.get(k), v] for k, v in values.items()}})
         self.config.save_yaml(self.run_dir / "config.yaml", self.history)
 
+    def reseed(self, seed: int) -> None:
+        """New random streams from ``seed``: torch's (exploration noise, minibatches) and the env's own (its
+        resets), so a run continued from a copy of another's checkpoint does not retrace that run's draws."""
+        outer = rng_state(self.device)
+        torch.manual_seed(seed)
+        self.rng = rng_state(self.device)
+        set_rng_state(self.device, outer)
+        if self.env is not None and (generator := getattr(self.env, "generator", None)) is not None:
+            generator.manual_seed(seed)
+
     def checkpoint(self) -> None:
         """Write :meth:`state_dict` into the run directory; a diverged agent (a parameter that is NaN or infinite)
         raises :class:`TrainingError` instead of replacing the last good checkpoint."""

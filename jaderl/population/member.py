@@ -86,6 +86,10 @@ class Member:
         trainer.set_hyperparameters(**hyperparameters)
         trainer.checkpoint()
 
+    def reseed(self, seed: int) -> None:
+        """Draw from new random streams (:meth:`Trainer.reseed`): a member continued from a copy of another run."""
+        self.trainer.reseed(seed)
+
     def set_hyperparameters(self, values: dict[str, float]) -> None:
         """Change hyperparameters now (recorded in the run's config.yaml) and checkpoint."""
         self.trainer.set_hyperparameters(**values)

@@ -164,7 +164,9 @@ class _Tournament:
             fuse_runs([e["run_dir"] for e in same], target)
             values = explore(self.spaces[algo], same[0]["hyperparameters"], self.rng, 0.25)
         actor = self.member_cls.remote(self.member_settings(algo, name, round_), values)
-        if strategy != "fresh":  # a continued member takes the explored hyperparameters now
+        if strategy != "fresh":  # a continued member draws from its own random streams (two copies of one entry
+            # would otherwise retrace each other) and takes the explored hyperparameters now (and checkpoints)
+            actor.reseed.remote(self.seed + round_)
             actor.set_hyperparameters.remote(values)
         return actor, {"round": round_, "member": name, "algo": algo, "origin": strategy, "parents": parents}
 

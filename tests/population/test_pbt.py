@@ -81,6 +81,34 @@ def test_exploit_copies_the_whole_state_and_sets_the_new_hyperparameters(tmp_pat
     child.close()
 
 
+def test_copies_of_one_run_retrace_each_other_unless_reseeded(tmp_path: Path) -> None:
+    """Two members continued from copies of one checkpoint (a tournament's "best" children) draw the same exploration
+    noise and minibatches, so they train to the same parameters; reseeded with their own seeds they differ, and one
+    seed gives one result."""
+    from jaderl.population.store import copy_run
+
+    settings = dict(TINY, algo="ppo", env=ENV, total_steps=10_000)
+    source = Member({**settings, "seed": 1, "run_dir": str(tmp_path / "source")})
+    source.train_until(128)
+    source.close()
+
+    def child(name: str, seed: int | None) -> list[torch.Tensor]:
+        copy_run(tmp_path / "source", tmp_path / name)
+        member = Member({**settings, "seed": 1, "run_dir": str(tmp_path / name)})
+        if seed is not None:
+            member.reseed(seed)
+        member.train_until(256)
+        params = [p.detach().clone() for p in member.trainer.agent.parameters()]
+        member.close()
+        return params
+
+    same = [child("a", None), child("b", None)]
+    assert all(torch.equal(x, y) for x, y in zip(*same, strict=True))  # they retrace each other
+    reseeded = [child("c", 5), child("d", 6), child("e", 5)]
+    assert not all(torch.equal(x, y) for x, y in zip(reseeded[0], reseeded[1], strict=True))
+    assert all(torch.equal(x, y) for x, y in zip(reseeded[0], reseeded[2], strict=True))
+
+
 def test_a_period_in_seconds(tmp_path: Path) -> None:
     """period_s: a member trains until that much of its own training time, evaluates and checkpoints; its budget in
     steps stays out of the way and its time limit is left as it was."""
