@@ -77,12 +77,15 @@ class Member:
         replay buffer if the state holds one) with ``hyperparameters``, keeping this member's own random streams so
         the copy does not retrace its parent's steps; then checkpoint."""
         trainer = self.trainer
-        own_rng = trainer.rng
+        own_rng, generator = trainer.rng, getattr(trainer.env, "generator", None)
+        own_env_rng = None if generator is None else generator.get_state()
         own_buffer = list(trainer.buffer.state_dict()) if state["buffer"] is None else None
         trainer.load_state_dict(state if own_buffer is None else {**state, "buffer": own_buffer})
         if own_buffer is not None:  # its own transitions stay; their episodes end where the parent's begin
             trainer.buffer.load_state_dict(*own_buffer, cut_episodes=True)
         trainer.rng = own_rng
+        if generator is not None:  # the env's own stream (its resets) too
+            generator.set_state(own_env_rng)
         trainer.set_hyperparameters(**hyperparameters)
         trainer.checkpoint()
 

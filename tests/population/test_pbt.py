@@ -65,7 +65,8 @@ def test_exploit_copies_the_whole_state_and_sets_the_new_hyperparameters(tmp_pat
     child = Member({**settings, "seed": 2, "run_dir": str(tmp_path / "b")}, hyperparameters={"lr": 3e-3})
     parent.train_until(256)
     child.train_until(256)
-    child_rng = child.trainer.rng[0].clone()
+    child_rng, child_env_rng = child.trainer.rng[0].clone(), child.trainer.env.generator.get_state()
+    assert not torch.equal(child_env_rng, parent.trainer.env.generator.get_state())
     child.exploit(parent.state(), {"lr": 1.2e-3})
     for name, tensor in parent.trainer.agent.actor.state_dict().items():
         assert torch.equal(tensor, child.trainer.agent.actor.state_dict()[name])
@@ -74,6 +75,7 @@ def test_exploit_copies_the_whole_state_and_sets_the_new_hyperparameters(tmp_pat
     assert torch.equal(adam_p, adam_c)
     assert [g["lr"] for g in child.trainer.agent.optimizers()["optimizer"].param_groups] == [1.2e-3]
     assert torch.equal(child.trainer.rng[0], child_rng)  # its own streams: it does not retrace its parent
+    assert torch.equal(child.trainer.env.generator.get_state(), child_env_rng)
     assert "lr 0.001 -> 0.0012" in (tmp_path / "b" / "config.yaml").read_text()
     assert api.load(tmp_path / "b", best=False).config.lr == pytest.approx(1.2e-3)  # checkpointed at once
     assert child.describe()["steps"] == parent.describe()["steps"] == 256
