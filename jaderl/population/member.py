@@ -7,6 +7,8 @@ and after every copy, so a member whose process dies is restarted from its last 
 always holds every member as an ordinary run directory.
 
 :class:`Member` is a plain class; :func:`remote_member` makes it a Ray actor class (Ray is imported only then).
+:class:`Standby` is an idle worker with jaderl (and torch) already imported that becomes a member when one dies, so
+the member trains again in seconds instead of waiting for a new process to import torch.
 """
 
 from __future__ import annotations
@@ -103,6 +105,19 @@ class Member:
         self.trainer.close()
 
 
+class Standby(Member):
+    """An idle process with jaderl imported, holding no resources, that :meth:`start` turns into a member (a member
+    whose process died continues on it; a new standby is started behind it)."""
+
+    def __init__(self) -> None:  # jaderl and torch are imported with this module; the Trainer comes with start()
+        pass
+
+    def start(self, settings: dict[str, Any], hyperparameters: dict[str, float] | None = None) -> int:
+        """Become the member ``Member(settings, hyperparameters)``; returns this process's id."""
+        Member.__init__(self, settings, hyperparameters)
+        return os.getpid()
+
+
 def _node_id() -> str:
     """The Ray node this process runs on (the first 12 hex digits of its id; "local" outside Ray)."""
     import ray
@@ -114,3 +129,10 @@ def remote_member(ray: Any, options: dict[str, Any]) -> Any:
     """:class:`Member` as a Ray actor class with ``options`` (``num_cpus``, ``num_gpus``); Ray does not restart it
     by itself: the population restarts a dead member from its checkpoint."""
     return ray.remote(max_restarts=0, max_concurrency=1, **options)(Member)
+
+
+def remote_standby(ray: Any) -> Any:
+    """:class:`Standby` as a Ray actor class. It holds no CPU while idle; it takes over a dead member's work, and the
+    dead member's resources are free again by then. It holds no GPU either (a process sees only the GPUs Ray gave
+    it), so members with GPUs restart in a new process."""
+    return ray.remote(max_restarts=0, max_concurrency=1, num_cpus=0, num_gpus=0)(Standby)

@@ -10,8 +10,9 @@
         write population.json (the commit point of the generation); redraw population.png every 30 s and at the end
     copy the best member's run directory to POP_DIR/best
 
-A member whose process dies is restarted from its last checkpoint (on any node with room) and trains its period
-again; one that diverges (NaN) scores -inf and is replaced by a copy of a top member. After the driver dies,
+A member whose process dies is restarted from its last checkpoint and trains its period again: on a standby process
+that has jaderl imported already (CPU-only members; a new standby starts behind it), or else in a new process on any
+node with room; one that diverges (NaN) scores -inf and is replaced by a copy of a top member. After the driver dies,
 :func:`resume_pbt` continues from the last generation committed, losing at most one period of training.
 """
 
@@ -30,7 +31,7 @@ from jaderl.core.config import ConfigError
 from jaderl.core.loop import TrainingError, check_spec
 from jaderl.envs import make_env
 from jaderl.population.cluster import PopulationError, Resources, connected
-from jaderl.population.member import remote_member
+from jaderl.population.member import remote_member, remote_standby
 from jaderl.population.space import Space, explore, parse_space, sample, space_entries
 from jaderl.population.store import (
     STATE_JSON,
@@ -196,6 +197,8 @@ class _Controller:
         self.pop_dir, self.config, self.space, self.state = pop_dir, config, space, state
         self.rng = _rng_from_json(state["rng"])
         self.actors: list[Any] = []
+        self.standby_cls: Any = None
+        self.standby: Any = None
         self.restarts = [0] * config.members
         self.plotted_at = -math.inf
 
@@ -205,12 +208,15 @@ class _Controller:
         self.ray, self.actor_cls = ray, remote_member(ray, options)
         try:
             self.actors = [self._start(k) for k in range(self.config.members)]
+            self.standby_cls = remote_standby(ray) if not options.get("num_gpus") else None
+            self._new_standby()
             scores = self._generations(progress, start)
             for actor in self.actors:
                 ray.get(actor.close.remote())
         finally:  # Ctrl-C or an error: no actor outlives the population; the checkpoints stay
-            for actor in self.actors:
-                ray.kill(actor, no_restart=True)
+            for actor in [*self.actors, self.standby]:
+                if actor is not None:
+                    ray.kill(actor, no_restart=True)
         best = max(range(len(scores)), key=lambda k: scores[k])
         best_dir = self.pop_dir / "best"
         copy_run(self.pop_dir / "members" / f"m{best:02d}", best_dir)
@@ -239,7 +245,26 @@ class _Controller:
                                   f"{self.pop_dir / 'members' / f'm{k:02d}'} keeps its last checkpoint, and "
                                   f"`jaderl pbt --resume {self.pop_dir}` continues the population")
         self.ray.kill(self.actors[k], no_restart=True)
-        self.actors[k] = self._start(k)
+        self.actors[k] = self._take_standby(k) or self._start(k)
+
+    def _new_standby(self) -> None:
+        """Start a standby process in the background (CPU-only members), for the next member that dies."""
+        self.standby = None if self.standby_cls is None else self.standby_cls.remote()
+
+    def _take_standby(self, k: int) -> Any:
+        """The standby turned into member ``k`` (from its checkpoint), or None when there is none or it failed to
+        become the member (the member then starts in a new process, which reports why if it fails too)."""
+        standby = self.standby
+        if standby is None:
+            return None
+        self._new_standby()
+        settings = self.config.member_settings(k, self.pop_dir)
+        try:
+            self.ray.get(standby.start.remote(settings, self.state["members"][k]["hyperparameters"]))
+        except (self.ray.exceptions.RayActorError, self.ray.exceptions.RayTaskError):
+            self.ray.kill(standby, no_restart=True)
+            return None
+        return standby
 
     def _train_all(self, generation: int) -> list[dict[str, Any]]:
         """Every member trains to the end of ``generation`` side by side; dead members are restarted and train

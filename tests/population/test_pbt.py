@@ -240,8 +240,9 @@ def test_resume_after_the_driver_stopped_loses_at_most_a_period(population: tupl
         resume_pbt(pop_dir)
 
 
-def _member_pids(busy: str = "") -> list[int]:
-    """Process ids of Ray workers running a population member (``busy``: only those inside that method)."""
+def _member_pids(busy: str = "", kinds: tuple[str, ...] = ("Member", "Standby")) -> list[int]:
+    """Process ids of Ray workers holding a population member or a standby (``busy``: only those inside that
+    method; ``kinds``: only those actor classes)."""
     pids = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -249,16 +250,15 @@ def _member_pids(busy: str = "") -> list[int]:
                 cmd = (entry / "cmdline").read_bytes().decode(errors="replace")
             except OSError:
                 continue
-            if cmd.startswith(f"ray::Member{'.' + busy if busy else ''}"):
+            if any(cmd.startswith(f"ray::{kind}{'.' + busy if busy else ''}") for kind in kinds):
                 pids.append(int(entry.name))
     return pids
 
 
 def test_a_member_killed_mid_period_is_restarted_from_its_checkpoint(local_ray: None, tmp_path: Path) -> None:
     """SIGKILL one member's process while it trains: the population notices and restarts it from its last
-    checkpoint, training again soon (about 6 s here with one core free, 12 s beside another test; most of it a new
-    Ray worker importing torch), and
-    finishes every generation; no member process stays after the population ends."""
+    checkpoint on the standby process (jaderl imported already), training again within the issue's 10 s, and
+    finishes every generation; no member or standby process stays after the population ends."""
     pop_dir = tmp_path / "pop"
     outcome: dict[str, Any] = {}
 
@@ -271,20 +271,22 @@ def test_a_member_killed_mid_period_is_restarted_from_its_checkpoint(local_ray: 
 
     thread = threading.Thread(target=run)
     thread.start()
-    deadline = time.monotonic() + 120  # two processes importing torch, slow when every core is busy
-    while not (busy := _member_pids("train_until")) and time.monotonic() < deadline and thread.is_alive():
+    deadline = time.monotonic() + 120  # three processes importing torch, slow when every core is busy
+    while not ((busy := _member_pids("train_until")) and _member_pids(kinds=("Standby",))) \
+            and time.monotonic() < deadline and thread.is_alive():
         time.sleep(0.05)
     assert busy, "no member started training"
-    members_then = set(_member_pids())
+    time.sleep(1.0)  # the standby process is up; give it a moment to finish importing jaderl
+    members_then, standby = set(_member_pids(kinds=("Member",))), set(_member_pids(kinds=("Standby",)))
     killed_at = time.monotonic()
     os.kill(busy[0], signal.SIGKILL)
-    # restored: another process holds the member (its checkpoint loaded) and trains the period again
+    # restored: the standby holds the member (its checkpoint loaded) and trains the period again
     while not (restored := set(_member_pids("train_until")) - members_then) and thread.is_alive():
         time.sleep(0.05)
     restored_s = time.monotonic() - killed_at
     assert restored, "the killed member never trained again"
-    # the issue's bound is 10 s; beside another test on 2 busy cores it has taken 12 s, so CI allows 30
-    assert restored_s < 30, f"the killed member trained again only {restored_s:.1f} s later"
+    assert restored == standby, "the killed member did not continue on the standby process"
+    assert restored_s < 10, f"the killed member trained again only {restored_s:.1f} s later"
     thread.join(timeout=120)
     assert not thread.is_alive() and "error" not in outcome, outcome.get("error")
     rows = _rows(pop_dir)
@@ -295,7 +297,7 @@ def test_a_member_killed_mid_period_is_restarted_from_its_checkpoint(local_ray: 
     deadline = time.monotonic() + 10  # killed actors' processes exit moments later
     while _member_pids() and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not _member_pids(), "a member's process outlived its population"
+    assert not _member_pids(), "a member's or standby's process outlived its population"
 
 
 def test_too_many_members_are_refused_before_any_starts(local_ray: None, tmp_path: Path,
