@@ -5,4 +5,4 @@ JADERL_EXTRAS=dev source "$(dirname "$0")/venv.sh"
 ruff check jaderl tests benchmarks
 # one test per CPU at a time (pytest-xdist) unless the arguments choose: each test is seeded and single-threaded
 case " $* " in *" -n "*|*" -n="*|*" -p no:xdist "*) ;; *) set -- -n auto "$@" ;; esac
-python -m pytest -q -p no:cacheprovider "$@"
+python -m pytest -q -p no:cacheprovider --durations=15 "$@"

@@ -27,7 +27,7 @@ from jaderl import api
 from jaderl.cli import main
 from jaderl.core.config import ConfigError
 from jaderl.population import pbt, resume_pbt
-from jaderl.population.member import Member
+from jaderl.population.member import Member, Standby
 
 ray = pytest.importorskip("ray")
 
@@ -241,18 +241,29 @@ def test_resume_after_the_driver_stopped_loses_at_most_a_period(population: tupl
 
 
 def _member_pids(busy: str = "", kinds: tuple[str, ...] = ("Member", "Standby")) -> list[int]:
-    """Process ids of Ray workers holding a population member or a standby (``busy``: only those inside that
-    method; ``kinds``: only those actor classes)."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                cmd = (entry / "cmdline").read_bytes().decode(errors="replace")
-            except OSError:
-                continue
-            if any(cmd.startswith(f"ray::{kind}{'.' + busy if busy else ''}") for kind in kinds):
-                pids.append(int(entry.name))
-    return pids
+    """Process ids of this test process's Ray workers (not another test's) holding a population member or a standby
+    (``busy``: only those inside that method; ``kinds``: only those actor classes)."""
+    from tests.conftest import _descendants
+
+    return [pid for pid, (state, cmd) in _descendants().items() if state != "Z"
+            and any(cmd.startswith(f"ray::{kind}{'.' + busy if busy else ''}") for kind in kinds)]
+
+
+def _imported_torch(pid: int) -> bool:
+    """Whether process ``pid`` has torch's library loaded."""
+    try:
+        return "libtorch_cpu" in Path(f"/proc/{pid}/maps").read_text()
+    except OSError:
+        return False
+
+
+def test_a_standby_becomes_a_member(tmp_path: Path) -> None:
+    """The standby process's actor (jaderl imported, no Trainer) turns into a member that trains and checkpoints."""
+    standby = Standby()
+    assert standby.start({"algo": "ppo", "env": ENV, "seed": 0, "run_dir": str(tmp_path / "m"), **TINY}) == os.getpid()
+    assert standby.describe()["steps"] == 0 and standby.train_for(64)["steps"] >= 64
+    assert (tmp_path / "m" / "checkpoint.json").exists()
+    standby.close()
 
 
 def test_a_member_killed_mid_period_is_restarted_from_its_checkpoint(local_ray: None, tmp_path: Path) -> None:
@@ -264,7 +275,7 @@ def test_a_member_killed_mid_period_is_restarted_from_its_checkpoint(local_ray: 
 
     def run() -> None:
         try:
-            outcome["result"] = pbt("ppo", ENV, members=2, period=2048, generations=2, seed=4, run_dir=str(pop_dir),
+            outcome["result"] = pbt("ppo", ENV, members=2, period=8192, generations=2, seed=4, run_dir=str(pop_dir),
                                     space=["lr=loguniform:1e-4:1e-2"], **TINY)
         except BaseException as exc:  # reported below
             outcome["error"] = exc
@@ -272,19 +283,20 @@ def test_a_member_killed_mid_period_is_restarted_from_its_checkpoint(local_ray: 
     thread = threading.Thread(target=run)
     thread.start()
     deadline = time.monotonic() + 120  # three processes importing torch, slow when every core is busy
-    while not ((busy := _member_pids("train_until")) and _member_pids(kinds=("Standby",))) \
-            and time.monotonic() < deadline and thread.is_alive():
+    while not ((busy := _member_pids("train_until")) and (standby := set(_member_pids(kinds=("Standby",))))
+               and all(_imported_torch(pid) for pid in standby)) and time.monotonic() < deadline \
+            and thread.is_alive():
         time.sleep(0.05)
-    assert busy, "no member started training"
-    time.sleep(1.0)  # the standby process is up; give it a moment to finish importing jaderl
-    members_then, standby = set(_member_pids(kinds=("Member",))), set(_member_pids(kinds=("Standby",)))
+    assert busy and standby, "no member started training, or no standby process started"
+    time.sleep(1.0)  # the standby's torch is loaded; give it a moment to finish importing jaderl
+    members_then = set(_member_pids(kinds=("Member",)))
     killed_at = time.monotonic()
     os.kill(busy[0], signal.SIGKILL)
     # restored: the standby holds the member (its checkpoint loaded) and trains the period again
     while not (restored := set(_member_pids("train_until")) - members_then) and thread.is_alive():
         time.sleep(0.05)
     restored_s = time.monotonic() - killed_at
-    assert restored, "the killed member never trained again"
+    assert restored, f"the killed member never trained again: {outcome}"
     assert restored == standby, "the killed member did not continue on the standby process"
     assert restored_s < 10, f"the killed member trained again only {restored_s:.1f} s later"
     thread.join(timeout=120)
