@@ -42,8 +42,9 @@ throughput
     For each member count in ``--throughput-members``: first the same members trained independently, as that many
     plain processes side by side (``multiprocessing`` spawn, each ``jaderl.train`` with the member's settings),
     then (after those, on one Ray) a population of them (``pbt``; a single member, which ``pbt`` refuses, is one
-    ``Member`` actor trained period by period). ``--throughput-period`` env steps per period (long enough that
-    training dominates), ``--throughput-generations`` periods, learning rates from ``lr=loguniform:5e-4:2e-3``.
+    ``Member`` actor trained period by period). ``--throughput-period`` env steps per period (65,536: long enough
+    that training dominates the start-up of processes and Ray workers, a few seconds, on a CPU that trains 10,000+
+    env steps/s), ``--throughput-generations`` periods, learning rates from ``lr=loguniform:5e-4:2e-3``.
     Reported: the population's training throughput (env steps/s over generations 2.., from its progress clock)
     against linear (the single member's throughput times the members, at most the CPUs: members beyond the
     cores share them), and the overhead: the population's wall time (actors started to last copy made) over the
@@ -473,7 +474,7 @@ def main() -> None:
     parser.add_argument("--tune-synch", action="store_true", help="Tune's synchronous PBT instead of its default")
     parser.add_argument("--tune-repeats", type=int, default=3, help="tune part: jaderl and Tune runs, alternating")
     parser.add_argument("--throughput-members", default="1,2,4")
-    parser.add_argument("--throughput-period", type=int, default=16_384)
+    parser.add_argument("--throughput-period", type=int, default=65_536)
     parser.add_argument("--throughput-generations", type=int, default=4)
     parser.add_argument("--cpus", type=int, default=cores(), help="CPUs of the local Ray (default: this machine's)")
     parser.add_argument("--quick", action="store_true", help="smoke check: tiny budgets, 1 seed, writes nothing")

@@ -208,6 +208,8 @@ class _Controller:
         self.ray, self.actor_cls = ray, remote_member(ray, options)
         try:
             self.actors = [self._start(k) for k in range(self.config.members)]
+            for k in range(self.config.members):  # every member is up before the standby takes a worker and CPU
+                self._describe(k)
             self.standby_cls = remote_standby(ray) if not options.get("num_gpus") else None
             self._new_standby()
             scores = self._generations(progress, start)
