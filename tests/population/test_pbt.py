@@ -275,7 +275,9 @@ def test_a_member_killed_mid_period_is_restarted_from_its_checkpoint(local_ray: 
 
     def run() -> None:
         try:
-            outcome["result"] = pbt("ppo", ENV, members=2, period=8192, generations=2, seed=4, run_dir=str(pop_dir),
+            # periods of 6 s of each member's training time: long enough for the standby to come up first, however
+            # busy the machine
+            outcome["result"] = pbt("ppo", ENV, members=2, period_s=6.0, generations=3, seed=4, run_dir=str(pop_dir),
                                     space=["lr=loguniform:1e-4:1e-2"], **TINY)
         except BaseException as exc:  # reported below
             outcome["error"] = exc
@@ -302,7 +304,7 @@ def test_a_member_killed_mid_period_is_restarted_from_its_checkpoint(local_ray: 
     thread.join(timeout=120)
     assert not thread.is_alive() and "error" not in outcome, outcome.get("error")
     rows = _rows(pop_dir)
-    assert [(int(r["generation"]), int(r["member"])) for r in rows] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert [(int(r["generation"]), int(r["member"])) for r in rows] == [(g, m) for g in range(3) for m in range(2)]
     assert all(math.isfinite(float(r["score"])) for r in rows)
     assert len({r["node"] for r in rows}) >= 1
     assert time.monotonic() - killed_at < 120
