@@ -275,8 +275,8 @@ def test_a_member_killed_mid_period_is_restarted_from_its_checkpoint(local_ray: 
 
     def run() -> None:
         try:
-            # periods of 6 s of each member's training time: long enough for the standby to come up first, however
-            # busy the machine
+            # periods of 6 s of each member's training time, so that the standby comes up before the population
+            # ends even on busy cores (periods in env steps ended first under CI's load)
             outcome["result"] = pbt("ppo", ENV, members=2, period_s=6.0, generations=3, seed=4, run_dir=str(pop_dir),
                                     space=["lr=loguniform:1e-4:1e-2"], **TINY)
         except BaseException as exc:  # reported below
