@@ -76,12 +76,18 @@ class SDEExploration:
             self.actor.resample(obs.shape[:obs.dim() - len(self.obs_shape)])
 
 
+ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU}
+"""Hidden-layer activations of the rollout algorithms' networks (``activation``)."""
+
+
 @dataclasses.dataclass
 class OnPolicyConfig(SDEConfig, Config):
     """Settings every rollout algorithm (PPO, A2C, REINFORCE) shares (subclasses change the defaults)."""
 
     num_envs: int = param(16, "sub-envs stepped in one batch", low=1)
     hidden: list[int] = param((64, 64), "hidden layer sizes of the actor and the critic")
+    activation: str = param("tanh", "activation of the actor's and the critic's hidden layers: tanh or relu (RL Zoo's "
+                            "tuned MuJoCo entries)")
     ent_coef: float = param(0.0, "entropy bonus weight", low=0.0)
     vf_coef: float = param(0.5, "value loss weight", low=0.0)
     max_grad_norm: float = param(0.5, "clip gradient norm to this (0 disables)", low=0.0)
@@ -96,6 +102,8 @@ class OnPolicyConfig(SDEConfig, Config):
 
     def validate(self) -> None:
         super().validate()
+        if self.activation not in ACTIVATIONS:
+            raise ConfigError(f"activation={self.activation!r} is invalid: use {' or '.join(ACTIVATIONS)}")
         count, name = self.advantage_batch()
         if self.normalize_advantages and count < 2:
             raise ConfigError(f"normalize_advantages=true needs at least 2 transitions to standardise ({name} = "
@@ -239,10 +247,11 @@ class OnPolicyAgent(SDEExploration, Agent):
                               "use_sde=false")
         actor_cls = CategoricalActor if self.is_discrete else SDEGaussianActor if self.config.use_sde \
             else GaussianActor
-        self.actor = actor_cls(self.obs_dim, self.action_dim, hidden).to(self.device)
+        activation = ACTIVATIONS[self.config.activation]
+        self.actor = actor_cls(self.obs_dim, self.action_dim, hidden, activation).to(self.device)
         if log_std_init is not None and isinstance(self.actor, GaussianActor):
             self.actor.log_std.data.fill_(log_std_init)
-        self.critic = mlp([self.obs_dim, *hidden, 1], nn.Tanh, out_gain=1.0).to(self.device) if critic else None
+        self.critic = mlp([self.obs_dim, *hidden, 1], activation, out_gain=1.0).to(self.device) if critic else None
         params = [*self.encoder_parameters(), *self.actor.parameters()]
         params += [] if self.critic is None else list(self.critic.parameters())
         self.optimizer: torch.optim.Optimizer = self.adam(params, lr=self.config.lr, eps=eps)

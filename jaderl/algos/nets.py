@@ -15,6 +15,10 @@ from torch.nn import functional as F
 
 from jaderl.core.nets import declare_precision, mlp
 
+SHORT_SOFTMAX = 16
+"""On the CPU, categorical policies with fewer actions than this compute their log-probabilities in (actions, batch)
+layout, where reductions over the actions are vectorised along the batch."""
+
 
 class CategoricalActor(nn.Module):
     """Discrete policy: logits from an MLP. Sampling and log-probabilities are written out (no Distribution objects,
@@ -31,7 +35,14 @@ class CategoricalActor(nn.Module):
 
     def evaluate(self, obs: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Log-probability (B,) of ``action`` and the policy's entropy (B,)."""
-        log_p = F.log_softmax(self.net(obs), -1)
+        logits = self.net(obs)
+        if logits.device.type == "cpu" and logits.shape[-1] < SHORT_SOFTMAX:
+            # (actions, B) layout: PyTorch's CPU softmax and sums over a last dim this short run element by element
+            # (MAPPO's 19,200 x 5 logits: 4.5 ms forward and backward, 0.9 ms here)
+            shape = logits.shape[:-1]
+            log_p = F.log_softmax(logits.reshape(-1, logits.shape[-1]).t().contiguous(), 0)
+            return log_p.gather(0, action.long().reshape(1, -1)).view(shape), -(log_p.exp() * log_p).sum(0).view(shape)
+        log_p = F.log_softmax(logits, -1)
         return log_p.gather(-1, action.long().unsqueeze(-1)).squeeze(-1), -(log_p.exp() * log_p).sum(-1)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:

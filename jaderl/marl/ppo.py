@@ -42,7 +42,7 @@ import torch
 from torch import nn
 
 from jaderl.algos import AlgoSpec
-from jaderl.algos.base import OnPolicyAgent, OnPolicyConfig
+from jaderl.algos.base import ACTIVATIONS, OnPolicyAgent, OnPolicyConfig
 from jaderl.algos.ppo import PPO, explained_variance
 from jaderl.core.agent import Hyperparameter
 from jaderl.core.buffers import Batch, RolloutBuffer, gae
@@ -102,7 +102,7 @@ class MAPPO(MultiAgent, OnPolicyAgent):
         super().__init__(config, spec, device)
         self.build_actor_critic(config.hidden, critic=False, log_std_init=config.log_std_init)  # the actor
         critic_in = self.state_dim if config.centralised_critic else self.obs_dim
-        self.critic = mlp([critic_in, *config.hidden, 1], nn.Tanh, out_gain=1.0).to(device)
+        self.critic = mlp([critic_in, *config.hidden, 1], ACTIVATIONS[config.activation], out_gain=1.0).to(device)
         self.optimizer.add_param_group({"params": list(self.critic.parameters())})
         # normalise the state like the observations (normalize_obs); values by the targets' running statistics
         self.state_norm = ObsNorm((self.state_dim,), config.normalize_obs).to(device)

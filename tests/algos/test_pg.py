@@ -165,6 +165,20 @@ def test_continuous_log_std_init() -> None:
         torch.testing.assert_close(agent.actor.log_std.detach(), torch.tensor([-2.0]))
 
 
+@pytest.mark.parametrize("algo", ["ppo", "a2c", "vpg", "mappo"])
+def test_activation_builds_every_hidden_layer(algo: str) -> None:
+    env_id = "jaderl/simple_spread" if algo == "mappo" else "jaderl/Pendulum-v1"
+    env = make_env(env_id, 2, "cpu", seed=0)
+    for name, kind in (("tanh", "Tanh"), ("relu", "ReLU")):
+        extra = {"minibatch_size": 8} if algo in ("ppo", "mappo") else {}
+        config = jaderl.make_config(algo, env_id, zoo=False, num_envs=2, horizon=8, activation=name, device="cpu",
+                                    **extra)
+        agent = jaderl.api.ALGOS[algo].agent_cls(config, env, torch.device("cpu"))
+        for net in (agent.actor.net, agent.critic):
+            layers = [type(m).__name__ for m in net]
+            assert layers[1::2] == [kind] * len(config.hidden), layers
+
+
 def test_short_horizon_without_baseline_warns_once() -> None:
     agent = make_agent(Reinforce, ReinforceConfig)  # horizon 13 < 1 / (1 - 0.99)
     env = make_env("jaderl/CartPole-v1", N, "cpu", seed=0)
@@ -191,6 +205,7 @@ def test_short_horizon_without_baseline_warns_once() -> None:
     (ReinforceConfig, {"num_envs": 1, "horizon": 1}, "normalize_advantages=true needs at least 2 transitions"),
     (ReinforceConfig, {"vf_coef": -1.0}, "vf_coef=-1.0 is out of range"),
     (ReinforceConfig, {"baseline": "yes"}, "baseline='yes' is invalid"),
+    (A2CConfig, {"activation": "gelu"}, "activation='gelu' is invalid: use tanh or relu"),
 ])
 def test_config_validation(config_cls: type, settings: dict, match: str) -> None:
     with pytest.raises(ConfigError, match=match):
