@@ -50,8 +50,9 @@ FORMAT = 1
 UNBOUNDED = 10**15
 """Env steps that a run with periods in seconds never reaches (its evaluation and checkpoint cadence, its budget)."""
 PLOT_EVERY_S = 30.0
-"""population.png is redrawn at most this often, and after the last generation: every member waits for the driver
-between generations, and a drawing takes 0.4-1.5 s of a small CPU."""
+"""population.png is drawn after the first generation that ends this long after the start, then at most this often,
+and after the last generation: every member waits for the driver between generations, and a drawing takes 0.4-1.5 s
+of a small CPU."""
 
 
 @dataclasses.dataclass
@@ -200,7 +201,7 @@ class _Controller:
         self.standby_cls: Any = None
         self.standby: Any = None
         self.restarts = [0] * config.members
-        self.plotted_at = -math.inf
+        self.plotted_at = time.perf_counter()  # the first drawing 30 s in (a short population draws only at its end)
 
     def run(self, ray: Any, options: dict[str, float], progress: Progress | None) -> PBTResult:
         """Train the remaining generations on ``ray`` with members holding ``options``; copy the best member."""
