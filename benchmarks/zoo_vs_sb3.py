@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from results_md import write_section
 
 # rl-baselines3-zoo, hyperparams/ppo.yml: budget (n_timesteps), the threshold to reach, SB3's settings
-_MUJOCO_DEFAULTS = {"n_envs": 1, "normalize": True}  # RL Zoo's `mujoco-defaults` (its Ant entry): SB3's PPO defaults
+_MUJOCO_DEFAULTS = {"n_envs": 1, "normalize": True}  # RL Zoo's `mujoco-defaults` (its Ant entry; jaderl's Hopper entry uses them too)
 TASKS: dict[str, dict[str, Any]] = {
     "LunarLanderContinuous-v3": {"budget": 1_000_000, "threshold": 200, "sb3": {
         "n_envs": 16, "n_steps": 1024, "batch_size": 64, "gae_lambda": 0.98, "gamma": 0.999, "n_epochs": 4,
@@ -48,7 +48,11 @@ TASKS: dict[str, dict[str, Any]] = {
         "n_envs": 32, "normalize": True, "n_steps": 2048, "batch_size": 64, "gae_lambda": 0.95, "gamma": 0.999,
         "n_epochs": 10, "ent_coef": 0.0, "learning_rate": 3e-4, "clip_range": 0.18}},
     "Hopper-v5": {"budget": 1_000_000, "threshold": 3800, "sb3": _MUJOCO_DEFAULTS},
-    "HalfCheetah-v5": {"budget": 1_000_000, "threshold": 4800, "sb3": _MUJOCO_DEFAULTS},
+    "HalfCheetah-v5": {"budget": 1_000_000, "threshold": 4800, "sb3": {  # its tuned HalfCheetah-v3 entry
+        "n_envs": 1, "normalize": True, "n_steps": 512, "batch_size": 64, "gamma": 0.98, "learning_rate": 2.0633e-5,
+        "ent_coef": 0.000401762, "clip_range": 0.1, "n_epochs": 20, "gae_lambda": 0.92, "max_grad_norm": 0.8,
+        "vf_coef": 0.58096, "policy_kwargs": {"log_std_init": -2, "ortho_init": False, "activation_fn": "ReLU",
+                                              "net_arch": {"pi": [256, 256], "vf": [256, 256]}}}},
     "Ant-v5": {"budget": 1_000_000, "threshold": 6000, "sb3": _MUJOCO_DEFAULTS},
 }
 
@@ -79,6 +83,7 @@ def _train(library: str, env_id: str, seed: int, budget: int, time_cap: float, e
                                   run_dir=f"{tmp}/run", **extra)
         return {"library": library, "env": env_id, "seed": seed, "score": result.last_eval_return,
                 "steps": result.steps, "stop": result.stop_reason, "wall_s": time.perf_counter() - start}
+    import torch
     from stable_baselines3 import PPO
     from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.env_util import make_vec_env
@@ -91,6 +96,9 @@ def _train(library: str, env_id: str, seed: int, budget: int, time_cap: float, e
 
     settings = dict(TASKS[env_id]["sb3"])
     n_envs, normalize = settings.pop("n_envs"), settings.pop("normalize", False)
+    if "policy_kwargs" in settings:  # RL Zoo names the activation's class
+        kwargs = settings["policy_kwargs"] = dict(settings["policy_kwargs"])
+        kwargs["activation_fn"] = getattr(torch.nn, kwargs.get("activation_fn", "Tanh"))
     env = make_vec_env(env_id, n_envs=n_envs, seed=seed)
     if normalize:
         env = VecNormalize(env, gamma=settings.get("gamma", 0.99))
