@@ -39,7 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from results_md import write_section
 
 # rl-baselines3-zoo, hyperparams/ppo.yml: budget (n_timesteps), the threshold to reach, SB3's settings
-_MUJOCO_DEFAULTS = {"n_envs": 1, "normalize": True}  # RL Zoo's `mujoco-defaults` (its Ant entry; jaderl's Hopper entry uses them too)
+# RL Zoo's `mujoco-defaults` (its Ant entry; jaderl's Hopper entry uses them too): SB3's PPO defaults
+_MUJOCO_DEFAULTS = {"n_envs": 1, "normalize": True}
 TASKS: dict[str, dict[str, Any]] = {
     "LunarLanderContinuous-v3": {"budget": 1_000_000, "threshold": 200, "sb3": {
         "n_envs": 16, "n_steps": 1024, "batch_size": 64, "gae_lambda": 0.98, "gamma": 0.999, "n_epochs": 4,
