@@ -1,6 +1,6 @@
 """MAPPO end to end: jaderl against TorchRL's multi-agent PPO on the same env, with the same settings and networks.
 
-Usage (from the repository root)::
+Usage (from the repository root; TorchRL comes with ``pip install -r benchmarks/requirements.txt``)::
 
     .venv/bin/python benchmarks/marl.py                     # 40 iterations each (about 1M env steps), CPU
     .venv/bin/python benchmarks/marl.py --device cuda       # on a GPU

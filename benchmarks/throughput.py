@@ -16,7 +16,7 @@ Sections
               stepped with random actions by Gymnasium's SyncVectorEnv and AsyncVectorEnv (one process per env,
               shared-memory observations), jaderl's SubprocVecEnv (``--workers`` stepping processes: the caller
               and ``--workers - 1`` workers, shared memory both ways, torch tensors out) and envpool
-              (``num_threads=--workers``) when it is installed and has the env.
+              (``num_threads=--workers``) when it is installed (benchmarks/requirements.txt) and has the env.
               Every variant is built once, warmed up, then timed ``--repeats`` times round-robin over ``--steps``
               batched steps; the table gives the median. Targets: SubprocVecEnv >= 3x Async and
               >= 0.9x envpool.
