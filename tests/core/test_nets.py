@@ -131,19 +131,25 @@ def test_gaussian_actor_log_prob_and_entropy() -> None:
     torch.testing.assert_close(entropy, dist.entropy().sum(-1))
 
 
-def test_categorical_actor_log_prob_and_entropy() -> None:
+@pytest.mark.parametrize("num_actions", [4, 18])  # the CPU's (actions, batch) layout below 16 actions, and the usual
+@pytest.mark.parametrize("batch", [(20,), (5, 2, 3)])
+def test_categorical_actor_log_prob_and_entropy(num_actions: int, batch: tuple[int, ...]) -> None:
     torch.manual_seed(0)
-    actor = CategoricalActor(3, 4, [8])
+    actor = CategoricalActor(3, num_actions, [8])
     with torch.no_grad():
         actor.net[-1].weight.mul_(300)  # spread the logits away from uniform
-    obs = torch.randn(20, 3)
+    obs = torch.randn(*batch, 3)
     action = actor.sample(obs)
-    assert action.shape == (20,) and action.min() >= 0 and action.max() < 4
+    assert action.shape == batch and action.min() >= 0 and action.max() < num_actions
     log_prob, entropy = actor.evaluate(obs, action)
     dist = torch.distributions.Categorical(logits=actor.net(obs))
     torch.testing.assert_close(log_prob, dist.log_prob(action))
     torch.testing.assert_close(entropy, dist.entropy())
     torch.testing.assert_close(actor(obs), dist.probs.argmax(-1))
+    grads = torch.autograd.grad((log_prob + 0.1 * entropy).sum(), list(actor.parameters()))
+    expected = torch.autograd.grad((dist.log_prob(action) + 0.1 * dist.entropy()).sum(), list(actor.parameters()))
+    for g, e in zip(grads, expected, strict=True):
+        torch.testing.assert_close(g, e)
 
 
 def test_categorical_sampling_follows_probabilities() -> None:
