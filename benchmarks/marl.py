@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.util
 import platform
 import statistics
 import sys
@@ -216,6 +217,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--write", action="store_true", help="record the table in benchmarks/RESULTS.md")
     args = parser.parse_args()
+    if importlib.util.find_spec("torchrl") is None:
+        sys.exit("benchmarks/marl.py compares against TorchRL, which is not installed: pip install -r "
+                 "benchmarks/requirements.txt")
     warnings.simplefilter("ignore")
     torch.set_num_threads(1)
     frames = SETTINGS["num_envs"] * SETTINGS["horizon"]
