@@ -86,8 +86,8 @@ class OnPolicyConfig(SDEConfig, Config):
 
     num_envs: int = param(16, "sub-envs stepped in one batch", low=1)
     hidden: list[int] = param((64, 64), "hidden layer sizes of the actor and the critic")
-    activation: str = param("tanh", "activation of the actor's and the critic's hidden layers: tanh or relu (RL Zoo's "
-                            "tuned MuJoCo entries)")
+    activation: str = param("tanh", "activation of the actor's and the critic's hidden layers: tanh, or relu (as in "
+                            "RL Zoo's tuned MuJoCo entries)")
     ent_coef: float = param(0.0, "entropy bonus weight", low=0.0)
     vf_coef: float = param(0.5, "value loss weight", low=0.0)
     max_grad_norm: float = param(0.5, "clip gradient norm to this (0 disables)", low=0.0)
