@@ -48,8 +48,9 @@ throughput
     Reported: the population's training throughput (env steps/s over generations 2.., from its progress clock)
     against linear (the single member's throughput times the members, at most the CPUs: members beyond the
     cores share them), and the overhead: the population's wall time (actors started to last copy made) over the
-    independent processes' (processes started to all finished), minus 1. Targets: >= 0.8x linear up to the cores
-    available; overhead <= 5 %.
+    independent processes' (processes started to all finished), minus 1. ``--throughput-repeats`` (3) alternating
+    repeats of both, medians reported (a shared virtual machine's speed drifts by tens of percent within minutes).
+    Targets: >= 0.8x linear up to the cores available; overhead <= 5 %.
 
 ``--write`` records the tables in the ``## population`` section of benchmarks/RESULTS.md (other sections kept).
 """
@@ -404,29 +405,36 @@ def run_independent(args: argparse.Namespace, members: int, tmp: Path) -> dict[s
 
 def part_throughput(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     period, generations = args.throughput_period, args.throughput_generations
-    indep = {}
-    for n in args.throughput_members:  # before Ray starts: these processes share the machine with nothing of it
-        indep[n] = run_independent(args, n, tmp)
-        print(f"throughput: {n} independent processes {indep[n]['wall_s']:.1f} s", flush=True)
-    pops = {}
-    with connected(None, args.cpus) as ray:
-        for n in args.throughput_members:
-            if n == 1:
-                pops[n] = run_members(ray, args.seeds[0], tmp / "pop-1", parsed_space(THROUGHPUT_SPACE), 1, period,
+    indep: dict[int, list[dict[str, Any]]] = {n: [] for n in args.throughput_members}
+    pops: dict[int, list[dict[str, Any]]] = {n: [] for n in args.throughput_members}
+    for repeat in range(args.throughput_repeats):  # alternating, so that a slow spell of the machine hits both sides
+        for n in args.throughput_members:  # before Ray starts: these processes share the machine with nothing of it
+            indep[n].append(run_independent(args, n, tmp / f"r{repeat}"))
+            print(f"throughput {repeat + 1}: {n} independent processes {indep[n][-1]['wall_s']:.1f} s", flush=True)
+        with connected(None, args.cpus) as ray:
+            for n in args.throughput_members:
+                run_dir = tmp / f"r{repeat}" / f"pop-{n}"
+                if n == 1:
+                    pop = run_members(ray, args.seeds[0], run_dir, parsed_space(THROUGHPUT_SPACE), 1, period,
                                       generations)
-            else:
-                pops[n] = run_pbt(args, args.seeds[0], tmp / f"pop-{n}", THROUGHPUT_SPACE, n, period, generations)
-            clock = pops[n]["clock"]
-            pops[n]["rate"] = n * period * (len(clock) - 1) / (clock[-1] - clock[0]) if len(clock) > 1 else math.nan
-            print(f"throughput: population of {n} {pops[n]['wall_s']:.1f} s, {pops[n]['rate']:,.0f} env steps/s",
-                  flush=True)
-    one = pops[1]["rate"] if 1 in pops else pops[min(pops)]["rate"] / min(pops)
+                else:
+                    pop = run_pbt(args, args.seeds[0], run_dir, THROUGHPUT_SPACE, n, period, generations)
+                clock = pop["clock"]
+                pop["rate"] = n * period * (len(clock) - 1) / (clock[-1] - clock[0]) if len(clock) > 1 else math.nan
+                pops[n].append(pop)
+                print(f"throughput {repeat + 1}: population of {n} {pop['wall_s']:.1f} s, {pop['rate']:,.0f} env "
+                      "steps/s", flush=True)
+    rate = {n: statistics.median(p["rate"] for p in pops[n]) for n in pops}
+    one = rate[1] if 1 in rate else rate[min(rate)] / min(rate)
     rows = []
     for n in args.throughput_members:
         linear = one * min(n, args.cpus)
-        rows.append({"members": n, "cpu": min(1.0, args.cpus / n), "pop_wall": pops[n]["wall_s"],
-                     "ind_wall": indep[n]["wall_s"], "overhead": pops[n]["wall_s"] / indep[n]["wall_s"] - 1,
-                     "rate": pops[n]["rate"], "linear": linear, "scaling": pops[n]["rate"] / linear})
+        pop_wall = statistics.median(p["wall_s"] for p in pops[n])
+        ind_wall = statistics.median(r["wall_s"] for r in indep[n])
+        rows.append({"members": n, "cpu": min(1.0, args.cpus / n), "pop_wall": pop_wall, "ind_wall": ind_wall,
+                     "overhead": pop_wall / ind_wall - 1, "rate": rate[n], "linear": linear,
+                     "scaling": rate[n] / linear,
+                     "pairs": [(p["wall_s"], r["wall_s"]) for p, r in zip(pops[n], indep[n], strict=True)]})
     return {"rows": rows}
 
 
@@ -442,20 +450,26 @@ def section_throughput(args: argparse.Namespace, res: dict[str, Any]) -> list[st
     scaling = ", ".join(f"{r['members']}: {r['scaling']:.2f}x" for r in scaled)
     worst = max(r["overhead"] for r in within)
     per_member = args.throughput_period * args.throughput_generations
+    pairs = "; ".join(f"{r['members']} member(s): " + ", ".join(f"{p:.1f} / {i:.1f}" for p, i in r["pairs"])
+                      for r in within)
+    repeats = args.throughput_repeats
     return [
         "### Throughput against members", "",
         f"{args.throughput_generations} periods of {args.throughput_period:,} env steps per member "
         f"({per_member:,} env steps each), space `{THROUGHPUT_SPACE}`, the search part's other settings. *Linear*: "
         f"the single member's env steps/s times the members, at most {args.cpus} (the CPUs). *Overhead*: the "
         "population's wall time over that of the same members as independent `jaderl.train` processes side by side, "
-        "minus 1 (both include starting the processes and importing torch and jaderl).", "",
+        "minus 1 (both include starting the processes and importing torch and jaderl). "
+        f"{repeats} repeat(s), alternating: the independent processes of every member count, then (on one Ray, "
+        "started for the repeat and excluded) the populations; the table gives the medians.", "",
         "| members | CPU each | population env steps/s (periods 2..) | linear | vs linear | population wall (s) "
         "| independent wall (s) | overhead |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
         *lines, "",
         f">= 0.8x linear up to {args.cpus} members: {'met' if scaling_ok else '**not met**'}"
         f" ({scaling}); overhead <= 5 %: "
-        f"{'met' if worst <= 0.05 else '**not met**'} (largest {worst:+.1%}).",
+        f"{'met' if worst <= 0.05 else '**not met**'} (largest {worst:+.1%}).", "",
+        f"Population / independent wall time (s) of each repeat: {pairs}.",
     ]
 
 
@@ -476,6 +490,8 @@ def main() -> None:
     parser.add_argument("--throughput-members", default="1,2,4")
     parser.add_argument("--throughput-period", type=int, default=65_536)
     parser.add_argument("--throughput-generations", type=int, default=4)
+    parser.add_argument("--throughput-repeats", type=int, default=3, help="throughput part: alternating repeats, "
+                                                                              "medians reported")
     parser.add_argument("--cpus", type=int, default=cores(), help="CPUs of the local Ray (default: this machine's)")
     parser.add_argument("--quick", action="store_true", help="smoke check: tiny budgets, 1 seed, writes nothing")
     parser.add_argument("--write", action="store_true", help="record the tables in benchmarks/RESULTS.md")
@@ -483,6 +499,7 @@ def main() -> None:
     if args.quick:
         args.seeds, args.period, args.generations, args.tune_repeats = "0", 2048, 3, 1
         args.throughput_members, args.throughput_period, args.throughput_generations = "1,2", 4096, 2
+        args.throughput_repeats = 1
         args.write = False
     args.seeds = [int(s) for s in args.seeds.split(",") if s]
     args.throughput_members = [int(n) for n in args.throughput_members.split(",") if n]

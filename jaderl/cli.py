@@ -25,6 +25,7 @@ from jaderl import api
 from jaderl.core.config import Config, ConfigError, parse_assignment
 from jaderl.core.loop import TrainingError, TrainResult
 from jaderl.envs.vec import EnvError
+from jaderl.interrupts import sigterm_as_ctrl_c
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE
@@ -292,6 +293,11 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
+    with sigterm_as_ctrl_c():  # `kill`, a job scheduler: stop like Ctrl-C, after a last checkpoint
+        return _command(args)
+
+
+def _command(args: argparse.Namespace) -> int:
     code = 0
     try:
         if args.command == "train":
@@ -299,7 +305,8 @@ def _main(argv: list[str] | None) -> int:
             print(json.dumps(_json_ready(dataclasses.asdict(result))) if args.json else
                   f"{result.stop_reason}: {result.steps:,} steps in {result.time_s:.1f} s, best evaluation "
                   f"{result.best_eval_return:.2f}; run directory {result.run_dir}")
-            if result.stop_reason == "interrupted":  # Ctrl-C: the final checkpoint is saved, but the run did not end
+            if result.stop_reason == "interrupted":  # Ctrl-C or SIGTERM: the final checkpoint is saved, but the run
+                # did not end
                 code = EXIT_INTERRUPTED
         elif args.command in ("pbt", "tournament"):
             from jaderl.population import PopulationError
@@ -368,7 +375,7 @@ def _main(argv: list[str] | None) -> int:
     except TrainingError as exc:
         print(f"jaderl: error: {exc}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:  # a Ctrl-C outside training's own handling (set-up, or a second one while saving)
+    except KeyboardInterrupt:  # a Ctrl-C or SIGTERM outside training's own handling (set-up, a second one while saving)
         print("jaderl: interrupted; the last complete checkpoint is kept", file=sys.stderr)
         return EXIT_INTERRUPTED
     except OSError as exc:  # a full disk, a lost mount: the checkpoint on disk is the last complete one

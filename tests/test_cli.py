@@ -407,9 +407,11 @@ def _copy_run(trained_run: tuple[Path, dict[str, Any]], tmp_path: Path) -> tuple
     return run_dir, run_dir / tensor_file
 
 
-def test_ctrl_c_after_the_final_checkpoint_exits_130(tmp_path: Path) -> None:
-    """SIGINT in the middle of a run: the loop saves its last checkpoint and reports, and the exit code says that the
-    run was interrupted (130), not that it finished (0)."""
+@pytest.mark.parametrize("stop", ["SIGINT", "SIGTERM"])
+def test_ctrl_c_after_the_final_checkpoint_exits_130(tmp_path: Path, stop: str) -> None:
+    """SIGINT (Ctrl-C) in the middle of a run, or SIGTERM (`kill`, a job scheduler) to a background job, whose SIGINT
+    the shell ignores: the loop saves its last checkpoint and reports, and the exit code says that the run was
+    interrupted (130), not that it finished (0)."""
     run_dir = tmp_path / "run"
     argv = ["train", "ppo", "jaderl/Pendulum-v1", "--run-dir", str(run_dir), "--total-steps", "1e9", "--num-envs",
             "4", "--eval-every", "128", "--checkpoint-every", "1e9", "--eval-episodes", "1", "--device", "cpu",
@@ -417,8 +419,9 @@ def test_ctrl_c_after_the_final_checkpoint_exits_130(tmp_path: Path) -> None:
             "--json"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     # `python -m jaderl.cli`, with Ctrl-C raising KeyboardInterrupt even where this test runs with SIGINT ignored
-    # (a background job of a script), which a child would inherit
-    start = ("import runpy, signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
+    # (a background job of a script), which a child would inherit; for SIGTERM, ignored as in a background job
+    sigint = "signal.default_int_handler" if stop == "SIGINT" else "signal.SIG_IGN"
+    start = (f"import runpy, signal; signal.signal(signal.SIGINT, {sigint}); "
              "runpy.run_module('jaderl.cli', run_name='__main__', alter_sys=True)")
     proc = subprocess.Popen([sys.executable, "-c", start, *argv], cwd=tmp_path, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -436,7 +439,7 @@ def test_ctrl_c_after_the_final_checkpoint_exits_130(tmp_path: Path) -> None:
         if first.startswith("zoo: "):
             first = lines.get(timeout=120)
         assert first.startswith("steps "), first
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(getattr(signal, stop))
         proc.wait(timeout=60)
     finally:
         if proc.poll() is None:

@@ -16,7 +16,7 @@ import jaderl
 from jaderl.algos.ppo import PPO
 from jaderl.core.buffers import ReplayBuffer
 from jaderl.core.checkpoint import load_checkpoint
-from jaderl.interrupts import ForcedInterrupt, deferred_interrupt
+from jaderl.interrupts import ForcedInterrupt, Terminated, deferred_interrupt, sigterm_as_ctrl_c
 
 ENV = "jaderl/CartPole-v1"
 Settings = Any
@@ -61,6 +61,37 @@ def test_the_block_runs_as_is_where_sigint_is_ignored_or_off_the_main_thread() -
     thread.start()
     thread.join()
     assert seen == [signal.default_int_handler]
+
+
+def sigterm() -> None:
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def test_sigterm_stops_like_a_ctrl_c_under_sigterm_as_ctrl_c() -> None:
+    """`kill`, a job scheduler: SIGTERM raises a KeyboardInterrupt, held to the end of a step like the first Ctrl-C;
+    SIGTERM's own handler is back after the block."""
+    before = signal.getsignal(signal.SIGTERM)
+    done = []
+    with sigterm_as_ctrl_c():
+        with pytest.raises(Terminated):
+            sigterm()
+        with pytest.raises(Terminated) as caught, deferred_interrupt():
+            sigterm()
+            done.append("rest of the block")
+        assert done == ["rest of the block"] and isinstance(caught.value, KeyboardInterrupt)
+        with pytest.raises(ForcedInterrupt), deferred_interrupt():  # then a Ctrl-C: the second stop request
+            sigterm()
+            ctrl_c()
+            done.append("cut short")
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a background job's SIGINT: SIGTERM still held
+        try:
+            with pytest.raises(Terminated), deferred_interrupt():
+                sigterm()
+                done.append("rest of the background job's block")
+        finally:
+            signal.signal(signal.SIGINT, previous)
+    assert done == ["rest of the block", "rest of the background job's block"]
+    assert signal.getsignal(signal.SIGTERM) is before and signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
 def test_ctrl_c_during_an_update_checkpoints_the_finished_update(tmp_path: Path, tiny_ppo: Settings,

@@ -155,9 +155,11 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.mark.slow
-def test_ctrl_c_stops_every_member_and_the_local_ray(tmp_path: Path) -> None:
-    """SIGINT to `jaderl pbt` while its members train: exit code 130, every process it started (the local Ray, the
-    members) is gone, and the members' checkpoints stay. Budget: about 40 s."""
+@pytest.mark.parametrize("stop", ["SIGINT", "SIGTERM"])
+def test_ctrl_c_stops_every_member_and_the_local_ray(tmp_path: Path, stop: str) -> None:
+    """SIGINT (Ctrl-C) or SIGTERM (`kill`, a job scheduler) to `jaderl pbt` while its members train: exit code 130,
+    every process it started (the local Ray, the members) is gone, and the members' checkpoints stay. Budget: about
+    40 s each."""
     argv = [str(BIN / "jaderl"), "pbt", "ppo", "jaderl/CartPole-v1", "--members", "2", "--period", "100000",
             "--generations", "2", "--run-dir", str(tmp_path / "pop"), "--space", "lr=loguniform:1e-4:1e-2"]
     for key, value in dict(num_envs=4, horizon=32, minibatch_size=64, num_epochs=2, hidden="[16,16]",
@@ -174,7 +176,7 @@ def test_ctrl_c_stops_every_member_and_the_local_ray(tmp_path: Path) -> None:
                 break
             time.sleep(0.2)
         assert driver.poll() is None, driver.communicate()[1][-2000:]
-        driver.send_signal(signal.SIGINT)
+        driver.send_signal(getattr(signal, stop))
         _, err = driver.communicate(timeout=60)
     finally:
         if driver.poll() is None:
