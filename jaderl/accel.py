@@ -19,8 +19,8 @@ lists in ``compiled_methods`` (by default ``act``) with compiled versions on tha
 declares bfloat16 (:func:`jaderl.core.nets.declare_precision`: the hidden layers) in bfloat16 and everything else in
 float32.
 
-:class:`Tanh`, the activation of jaderl's tanh MLPs, computes large float32 batches on the CPU as 2 sigmoid(2x) - 1,
-faster than ``torch.tanh`` there.
+:class:`Tanh`, the activation of jaderl's tanh MLPs, computes large float32 batches on the CPU as 2 sigmoid(2x) - 1
+on CPUs where that is faster than ``torch.tanh`` (:func:`sigmoid_tanh_is_faster` measures it once per process).
 
 This module sits below the core and imports nothing of jaderl: it reads an agent's ``config``, ``device``,
 ``networks()`` and ``compiled_methods``.
@@ -34,6 +34,8 @@ slower (SAC's [256, 256]); the ppo and sac sections of ``benchmarks/throughput.p
 from __future__ import annotations
 
 import functools
+import os
+import time
 import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -233,15 +235,48 @@ class _SigmoidTanh(torch.autograd.Function):
         return torch.ops.aten.tanh_backward(grad, y)
 
 
+_SIGMOID_TANH: list[bool] = []  # decided once per process by sigmoid_tanh_is_faster()
+
+
+def sigmoid_tanh_is_faster() -> bool:
+    """Whether 2 sigmoid(2x) - 1 computes tanh faster than ``torch.tanh`` on this CPU, for a 2048 x 64 float32 batch
+    on the current threads: measured at the first call (best of 5 tries of each, a few milliseconds in all) and kept
+    for the process. PyTorch's CPU tanh is 3x-5x slower than the sigmoid form on some CPUs (AMD EPYC machines) and 2x-3x
+    faster on others (an Intel Xeon with AVX-512). The environment variable ``JADERL_SIGMOID_TANH=1`` (or ``0``)
+    decides instead, e.g. for bit-identical runs on machines of both kinds (the two forms are at most about 1e-7
+    apart)."""
+    if not _SIGMOID_TANH:
+        forced = os.environ.get("JADERL_SIGMOID_TANH", "").strip()
+        if forced in ("0", "1"):
+            _SIGMOID_TANH.append(forced == "1")
+        else:
+            x = torch.linspace(-3.0, 3.0, 2048 * 64).view(2048, 64)  # no random numbers: the seeded streams stay
+
+            def best(fn: Callable[[torch.Tensor], torch.Tensor]) -> float:
+                times = []
+                for _ in range(5):
+                    start = time.perf_counter()
+                    for _ in range(4):
+                        fn(x)
+                    times.append(time.perf_counter() - start)
+                return min(times)
+
+            best(torch.tanh)  # warm: the first calls page in the kernels
+            _SIGMOID_TANH.append(best(_sigmoid_tanh) < best(torch.tanh))
+    return _SIGMOID_TANH[0]
+
+
 class Tanh(nn.Module):
-    """``nn.Tanh`` that is faster on the CPU: large float32 tensors there take 2 sigmoid(2x) - 1 (about 1.4x-3x faster
-    than ``torch.tanh`` on one core for a 2048 x 64 batch, depending on the CPU; at most about 1e-7 apart), and so do
-    bfloat16 ones (the output of a mixed-precision layer), computed in float32 and returned in bfloat16. Small
-    tensors (acting on a few sub-envs, evaluating), other devices and dtypes, and code being compiled (Inductor
-    writes its own tanh) take ``torch.tanh``: a custom autograd function costs tens of microseconds a call."""
+    """``nn.Tanh`` that is faster on CPUs with a slow ``torch.tanh`` (:func:`sigmoid_tanh_is_faster`): there, large
+    float32 tensors take 2 sigmoid(2x) - 1 (3x-5x faster than ``torch.tanh`` on one core of those CPUs for a
+    2048 x 64 batch; at most about 1e-7 apart), and so do bfloat16 ones (the output of a mixed-precision layer),
+    computed in float32 and returned in bfloat16. Small tensors (acting on a few sub-envs, evaluating), other devices
+    and dtypes, code being compiled (Inductor writes its own tanh) and CPUs whose ``torch.tanh`` is the faster take
+    ``torch.tanh``: a custom autograd function costs tens of microseconds a call."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.device.type != "cpu" or x.dtype not in (torch.float32, torch.bfloat16) or torch.compiler.is_compiling():
+        if x.device.type != "cpu" or x.dtype not in (torch.float32, torch.bfloat16) or torch.compiler.is_compiling() \
+                or not sigmoid_tanh_is_faster():
             return torch.tanh(x)
         if not (x.requires_grad and torch.is_grad_enabled()):  # nothing to save for a backward pass
             if x.numel() < FAST_TANH_MIN_NOGRAD:

@@ -126,7 +126,7 @@ class PPO(WithHTerm, OnPolicyAgent):
             epochs += 1
             perm = torch.randperm(size, device=self.device)
             for start in range(0, size - cfg.minibatch_size + 1, cfg.minibatch_size):
-                loss, mb_stats = self.minibatch_loss({k: v[perm[start:start + cfg.minibatch_size]]
+                loss, mb_stats = self.minibatch_loss({k: v.index_select(0, perm[start:start + cfg.minibatch_size])
                                                       for k, v in batch.items()})
                 totals = {k: totals[k] + v for k, v in mb_stats.items()} if totals else mb_stats
                 num_minibatches += 1  # the stopping minibatch is averaged in, as in SB3's logs

@@ -158,7 +158,7 @@ class MAPPO(MultiAgent, OnPolicyAgent):
         for _ in range(cfg.num_epochs):
             perm = torch.randperm(size, device=self.device)
             for start in range(0, size - cfg.minibatch_size + 1, cfg.minibatch_size):
-                loss, stats = self.minibatch_loss({k: v[perm[start:start + cfg.minibatch_size]]
+                loss, stats = self.minibatch_loss({k: v.index_select(0, perm[start:start + cfg.minibatch_size])
                                                    for k, v in batch.items()})
                 self.optimize(self.optimizer, loss)
                 totals = {k: totals[k] + v for k, v in stats.items()} if totals else stats

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import torch
 
+from jaderl import accel
 from jaderl.accel import Tanh, accelerate
 from jaderl.algos import PPO, SAC
 from jaderl.api import make_config, train
@@ -141,7 +142,14 @@ def test_training_with_compile_runs(tmp_path: Path, tiny_ppo: Any) -> None:
 
 # --- the CPU tanh ---
 
-def test_cpu_tanh_matches_torch_tanh_in_value_and_gradient() -> None:
+@pytest.fixture(params=[True, False], ids=["sigmoid-form", "torch-tanh"])
+def sigmoid_tanh(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
+    """Both of the CPU tanh's paths, whichever this machine's CPU takes."""
+    monkeypatch.setattr(accel, "_SIGMOID_TANH", [request.param])
+    return bool(request.param)
+
+
+def test_cpu_tanh_matches_torch_tanh_in_value_and_gradient(sigmoid_tanh: bool) -> None:
     x = torch.linspace(-12.0, 12.0, 200_001, requires_grad=True)
     y = Tanh()(x)
     assert (y - torch.tanh(x)).abs().max() <= 2e-7
@@ -156,6 +164,19 @@ def test_cpu_tanh_matches_torch_tanh_in_value_and_gradient() -> None:
     x16 = x.detach().bfloat16()  # bfloat16 (a mixed-precision layer's output): computed in float32, kept bfloat16
     assert Tanh()(x16).dtype == torch.bfloat16 and torch.allclose(Tanh()(x16).float(), torch.tanh(x16.float()),
                                                                   rtol=0, atol=4e-3)
+    assert torch.equal(Tanh()(x.detach()), torch.tanh(x.detach())) is not sigmoid_tanh  # the path taken
+
+
+def test_the_cpu_tanh_form_is_measured_once_or_set_by_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(accel, "_SIGMOID_TANH", [])
+    state = torch.get_rng_state()
+    measured = accel.sigmoid_tanh_is_faster()
+    assert isinstance(measured, bool) and [measured] == accel._SIGMOID_TANH  # kept for the process
+    assert torch.equal(torch.get_rng_state(), state)  # no random numbers drawn: seeded runs are unchanged
+    for value, expected in (("1", True), ("0", False)):
+        monkeypatch.setattr(accel, "_SIGMOID_TANH", [])
+        monkeypatch.setenv("JADERL_SIGMOID_TANH", value)
+        assert accel.sigmoid_tanh_is_faster() is expected
 
 
 def test_on_policy_networks_use_the_cpu_tanh() -> None:
