@@ -272,11 +272,15 @@ class Tanh(nn.Module):
     2048 x 64 batch; at most about 1e-7 apart), and so do bfloat16 ones (the output of a mixed-precision layer),
     computed in float32 and returned in bfloat16. Small tensors (acting on a few sub-envs, evaluating), other devices
     and dtypes, code being compiled (Inductor writes its own tanh) and CPUs whose ``torch.tanh`` is the faster take
-    ``torch.tanh``: a custom autograd function costs tens of microseconds a call."""
+    ``torch.tanh`` (a custom autograd function costs tens of microseconds a call); on those CPUs large bfloat16
+    tensors take it in float32 (2x faster forward than PyTorch's bfloat16 tanh on an Intel Xeon)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.device.type != "cpu" or x.dtype not in (torch.float32, torch.bfloat16) or torch.compiler.is_compiling() \
-                or not sigmoid_tanh_is_faster():
+        if x.device.type != "cpu" or x.dtype not in (torch.float32, torch.bfloat16) or torch.compiler.is_compiling():
+            return torch.tanh(x)
+        if not sigmoid_tanh_is_faster():
+            if x.dtype == torch.bfloat16 and x.numel() >= FAST_TANH_MIN_NOGRAD:  # float32's tanh is the faster
+                return torch.tanh(x.float()).to(x.dtype)
             return torch.tanh(x)
         if not (x.requires_grad and torch.is_grad_enabled()):  # nothing to save for a backward pass
             if x.numel() < FAST_TANH_MIN_NOGRAD:
