@@ -293,6 +293,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
+    from jaderl.parallel.ddp import launched_by_torchrun
+
+    if launched_by_torchrun():  # torchrun ends its learners with SIGTERM (when one fails): they stop at once
+        return _command(args)
     with sigterm_as_ctrl_c():  # `kill`, a job scheduler: stop like Ctrl-C, after a last checkpoint
         return _command(args)
 

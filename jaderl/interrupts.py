@@ -59,7 +59,7 @@ def deferred_interrupt() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    held = []
+    held: list[signal.Signals] = []
     if signal.getsignal(signal.SIGINT) not in (signal.SIG_IGN, None):  # ignored on purpose (a pipeline child, a
         held.append(signal.SIGINT)  # background job), or set from outside Python
     if signal.getsignal(signal.SIGTERM) is _terminate:

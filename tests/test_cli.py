@@ -458,6 +458,26 @@ def test_ctrl_c_after_the_final_checkpoint_exits_130(tmp_path: Path, stop: str) 
     assert report["steps"] >= 128 and meta["tensor_file"] == f"ckpt-{report['steps']}.safetensors"  # the final one
 
 
+@pytest.mark.parametrize("torchrun", [False, True])
+def test_sigterm_stops_like_ctrl_c_except_in_torchrun_learners(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], torchrun: bool) -> None:
+    """The jaderl command turns SIGTERM into a Ctrl-C, except in a learner that torchrun started: torchrun ends its
+    learners with SIGTERM when one of them fails, and they must stop at once rather than after a step that waits on
+    the failed one."""
+    from jaderl.interrupts import _terminate
+
+    for name, value in dict(RANK="0", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT="29500").items():
+        if torchrun:
+            monkeypatch.setenv(name, value)
+        else:
+            monkeypatch.delenv(name, raising=False)
+    seen = []
+    monkeypatch.setattr("jaderl.cli._command", lambda args: seen.append(signal.getsignal(signal.SIGTERM)) or 0)
+    before = signal.getsignal(signal.SIGTERM)
+    assert _run(["algos"], capsys)[0] == 0
+    assert (seen[0] is _terminate) is not torchrun and signal.getsignal(signal.SIGTERM) is before
+
+
 def test_the_text_summary_of_an_interrupted_run_exits_130(monkeypatch: pytest.MonkeyPatch,
                                                           capsys: pytest.CaptureFixture[str]) -> None:
     from jaderl.core.loop import TrainResult
