@@ -10,7 +10,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import signal
 import socket
+import threading
 from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
@@ -101,6 +103,8 @@ def connected(address: str | None = None, num_cpus: int | None = None) -> Iterat
     address = address or os.environ.get("RAY_ADDRESS") or None
     if address:
         check_reachable(address)
+    on_main = threading.current_thread() is threading.main_thread()
+    sigterm = signal.getsignal(signal.SIGTERM) if on_main else None
     try:
         if address:
             ray.init(address=address, log_to_driver=False)
@@ -115,6 +119,8 @@ def connected(address: str | None = None, num_cpus: int | None = None) -> Iterat
         where = f"the Ray cluster at {address}" if address else "a local Ray"
         raise ConfigError(f"could not connect to {where} ({first[:200]}); check the address (host:port of the head "
                           "node, or ray://host:10001) and that `ray status` answers there") from None
+    if sigterm is not None:  # ray.init makes SIGTERM exit at once; the caller's handler (the jaderl command's: stop
+        signal.signal(signal.SIGTERM, sigterm)  # like Ctrl-C, every actor killed, Ray shut down) stays
     try:
         yield ray
     finally:
