@@ -296,3 +296,49 @@ FAST_TANH_MIN_GRAD = 65_536
 below this ``torch.tanh`` is as fast or faster, the autograd function's overhead being the larger cost)."""
 FAST_TANH_MIN_NOGRAD = 16_384
 """Elements from which :class:`Tanh` takes 2 sigmoid(2x) - 1 when no gradient is needed (three in-place ops)."""
+
+
+class CacheBlocked(nn.Sequential):
+    """``nn.Sequential`` that runs a large batch on the CPU in blocks of rows whose activations fit half the core's L2
+    cache (:func:`block_bytes`), and concatenates the outputs. Each layer's output is then read by the next while it
+    is still in the cache, instead of being written to memory and read back: a [64, 64] tanh MLP's forward and
+    backward pass on 19,200 rows (a MAPPO minibatch) took 1.5x less time in blocks of 4,800 rows on an Intel Xeon core
+    with 2 MB of L2. Autograd runs each block's backward pass as a whole, the last block first, so the backward pass
+    is blocked too. The result is the same function (weight gradients are summed block by block, so they may differ
+    in the last bits); GPUs, small batches and code being compiled run unblocked."""
+
+    max_rows: int | None = None
+    """Rows of float32 activations of the widest layer that fit :func:`block_bytes` (set at the first call)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        if torch.compiler.is_compiling() or x.device.type != "cpu" or x.dim() < 2:  # no guard on a traced size
+            return super().forward(x)
+        if self.max_rows is None:
+            width = max((m.out_features for m in self if isinstance(m, nn.Linear)), default=1)
+            self.max_rows = max(1, block_bytes() // (4 * width))
+        rows = x.numel() // x.shape[-1]
+        if rows <= self.max_rows:
+            return super().forward(x)
+        blocks = x.reshape(rows, x.shape[-1]).tensor_split(-(-rows // self.max_rows))
+        out = torch.cat([super(CacheBlocked, self).forward(block) for block in blocks])
+        return out.view(*x.shape[:-1], out.shape[-1])
+
+
+@functools.cache
+def block_bytes() -> int:
+    """Bytes of one layer's activations in a :class:`CacheBlocked` block: half the L2 cache of CPU 0 (read from
+    Linux's sysfs; 512 KiB where that is not available). ``JADERL_BLOCK_BYTES`` sets it (0: no blocking)."""
+    forced = os.environ.get("JADERL_BLOCK_BYTES", "").strip()
+    if forced:
+        return int(forced) or 2**62
+    for index in range(8):
+        path = f"/sys/devices/system/cpu/cpu0/cache/index{index}/"
+        try:
+            with open(path + "level") as level, open(path + "type") as kind, open(path + "size") as size:
+                if level.read().strip() == "2" and kind.read().strip() in ("Unified", "Data"):
+                    text = size.read().strip().upper()
+                    scale = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:], 1)
+                    return int(text.rstrip("KMG")) * scale // 2
+        except (OSError, ValueError):
+            continue
+    return 2**19

@@ -6,6 +6,7 @@ import contextlib
 import gc
 import multiprocessing as mp
 import os
+import signal
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -18,6 +19,13 @@ TINY_PPO: dict[str, Any] = dict(num_envs=4, horizon=32, minibatch_size=64, num_e
                                 eval_every=256, checkpoint_every=256, eval_episodes=2, total_steps=512,
                                 device="cpu", seed=3)
 """A PPO run on jaderl/CartPole-v1 that takes about a second on one CPU thread."""
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Python's own SIGINT handler, as in a terminal, also when the suite runs as a background job (``nohup ... &``),
+    whose shell starts it with SIGINT ignored: the Ctrl-C tests send SIGINT to this process and to training processes
+    it starts, which inherit an ignored SIGINT but not a handler."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from jaderl.accel import Tanh
+from jaderl.accel import CacheBlocked, Tanh
 
 
 def declare_precision(layers: Sequence[nn.Module], pixels: bool = False) -> None:
@@ -24,7 +24,7 @@ def declare_precision(layers: Sequence[nn.Module], pixels: bool = False) -> None
         layer.precision = "bfloat16" if pixels or 0 < i < len(layers) - 1 else "float32"
 
 
-def mlp(sizes: Sequence[int], activation: type[nn.Module] = nn.ReLU, out_gain: float | None = None) -> nn.Sequential:
+def mlp(sizes: Sequence[int], activation: type[nn.Module] = nn.ReLU, out_gain: float | None = None) -> CacheBlocked:
     """Linear layers of ``sizes`` with ``activation`` between them; orthogonal init of the last layer if out_gain."""
     layers: list[nn.Module] = []
     for i in range(len(sizes) - 1):
@@ -36,7 +36,7 @@ def mlp(sizes: Sequence[int], activation: type[nn.Module] = nn.ReLU, out_gain: f
         nn.init.orthogonal_(layers[-1].weight, out_gain)
         nn.init.zeros_(layers[-1].bias)
     declare_precision(layers[::2])
-    return nn.Sequential(*layers)
+    return CacheBlocked(*layers)
 
 
 class ObsNorm(nn.Module):

@@ -186,6 +186,57 @@ def test_on_policy_networks_use_the_cpu_tanh() -> None:
     assert any(isinstance(m, Tanh) for m in agent.critic.modules())
 
 
+# --- cache blocking (CacheBlocked) ---
+
+@pytest.fixture
+def block_bytes(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Blocks of 16 KiB of activations: a 256-row batch of a 64-unit MLP (64 KiB) runs in 4 blocks."""
+    monkeypatch.setenv("JADERL_BLOCK_BYTES", str(16 * 1024))
+    accel.block_bytes.cache_clear()
+    yield
+    accel.block_bytes.cache_clear()
+
+
+@pytest.mark.usefixtures("block_bytes")
+def test_cache_blocked_mlps_compute_the_unblocked_function_and_gradients() -> None:
+    torch.manual_seed(0)
+    net = mlp([7, 64, 64, 3], torch.nn.Tanh)
+    assert isinstance(net, accel.CacheBlocked)
+    assert [k for k, _ in net.state_dict().items()][:2] == ["0.weight", "0.bias"]  # checkpoints keep nn.Sequential's
+    x = torch.randn(16, 16, 7)  # 256 rows (any leading shape) x 64 units x 4 bytes: 4 blocks of 16 KiB
+    calls: list[int] = []
+    handle = net[0].register_forward_hook(lambda layer, args, out: calls.append(args[0].numel() // args[0].shape[-1]))
+    blocked = net(x)
+    handle.remove()
+    assert calls == [64, 64, 64, 64] and blocked.shape == (16, 16, 3)
+    unblocked = torch.nn.Sequential.forward(net, x)
+    assert torch.allclose(blocked, unblocked, rtol=0, atol=1e-6)
+    grads = torch.autograd.grad(blocked.square().sum(), list(net.parameters()))
+    reference = torch.autograd.grad(unblocked.square().sum(), list(net.parameters()))
+    for grad, expected in zip(grads, reference, strict=True):  # summed block by block: equal up to rounding
+        assert torch.allclose(grad, expected, rtol=1e-5, atol=1e-5)
+    calls.clear()
+    handle = net[0].register_forward_hook(lambda layer, args, out: calls.append(args[0].numel() // args[0].shape[-1]))
+    net(x[:4])  # 64 rows, 16 KiB: one block, unblocked
+    net(torch.randn(7))  # one unbatched observation
+    handle.remove()
+    assert calls == [64, 1]
+
+
+def test_the_block_size_is_half_the_l2_cache_or_set_by_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    accel.block_bytes.cache_clear()
+    try:
+        monkeypatch.delenv("JADERL_BLOCK_BYTES", raising=False)
+        measured = accel.block_bytes()
+        assert 2**15 <= measured <= 2**26  # half of some L2 cache (512 KiB where sysfs does not say)
+        for value, expected in (("4096", 4096), ("0", 2**62)):  # 0: never blocked
+            accel.block_bytes.cache_clear()
+            monkeypatch.setenv("JADERL_BLOCK_BYTES", value)
+            assert accel.block_bytes() == expected
+    finally:
+        accel.block_bytes.cache_clear()
+
+
 # --- mixed precision (precision=bfloat16) ---
 
 def _output_dtypes(module: torch.nn.Module, run: Any) -> dict[str, torch.dtype]:

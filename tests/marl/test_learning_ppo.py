@@ -77,22 +77,22 @@ def goal_fraction(agent: Agent, episodes: int = 200) -> float:
     return float(on_goal.mean())
 
 
-@pytest.mark.slow(seconds=135)
+@pytest.mark.slow(seconds=100)
 def test_mappo_brings_the_agents_of_vmas_navigation_to_their_goals(tmp_path: Path) -> None:
     """4 agents, each to its own goal (VMAS's defaults: discrete actions, shared distance-shaping reward, 100-step
-    episodes that end once every agent is on its goal). The team return reaches about 16 within 200k steps, while
-    the agents still hover around their goals; then the fraction on their goals climbs, not monotonically: seed 0
-    0.29, 0.97, 0.65, 0.78, 0.98, 0.99 at 128k, 256k ... 768k steps (0.98 up to 1M); seed 1 0.51, 0.86, 0.90 at 256k,
-    512k, 768k. On another CPU (other float paths, so another run) seed 0 ended at 0.82 with one evaluation at the
-    end, and at 0.93 with one every 128k (its best checkpoint 0.91). So the test takes the best checkpoint of
-    evaluations every 128k steps, as a user would, and asks for 0.8. Random policy: 0.005 of the agents, team return
-    about -5."""
+    episodes that end once every agent is on its goal). The team return reaches about 16 within 200k-400k steps,
+    while the agents still hover around their goals; then the fraction on their goals climbs, not monotonically:
+    seed 0 0.29, 0.88, 0.93, 0.86, 0.62, 0.94, 0.98, 0.98 at 128k, 256k ... 1,024k steps; seed 1 0.10, 0.62, 0.84,
+    0.91, 0.66, 0.94, 0.89, 0.99. The team return stays near 16 from 256k steps on whatever the fraction (15.1-16.1
+    over 100 episodes), so the best checkpoint by return is no better than any late one: the test takes the policy
+    at the end of 1,024k steps (40 rollouts of the defaults' 1024 x 25 steps), where seeds 0 and 1 had 0.94 and 0.98
+    (evaluated only there), and asks for 0.8. Random policy: 0.005 of the agents, team return about -5."""
     pytest.importorskip("vmas")
-    budget_steps = 768_000  # 30 rollouts of the defaults' 1024 x 25 steps
+    budget_steps = 1_024_000
     torch.set_num_threads(1)
     result = jaderl.train("mappo", "vmas/navigation", run_dir=str(tmp_path / "nav"), device="cpu", seed=0,
-                          num_threads=1, total_steps=budget_steps, eval_every=128_000, eval_episodes=10,
+                          num_threads=1, total_steps=budget_steps, eval_every=budget_steps, eval_episodes=10,
                           time_limit=600)
     assert result.steps == budget_steps, result.stop_reason
-    fraction = goal_fraction(jaderl.load(tmp_path / "nav", best=True))
-    assert fraction >= 0.8, f"{fraction:.2f} of the agents on their goals (best checkpoint of {result.steps} steps)"
+    fraction = goal_fraction(jaderl.load(tmp_path / "nav", best=False))
+    assert fraction >= 0.8, f"{fraction:.2f} of the agents on their goals after {result.steps} steps"
