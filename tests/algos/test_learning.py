@@ -55,16 +55,15 @@ SECONDS = {"noisy_dqn-cartpole": 70, "modsac-pendulum": 65, "td3-pendulum": 40, 
            "a2c-pendulum": 35, "redq-pendulum": 35, "sac-bfloat16-pendulum": 35, "sac-gsde-pendulum": 35,
            "vpg-pendulum": 30, "dqn-cartpole": 30, "dqn-per-3step-cartpole": 30, "d3qn-cartpole": 30,
            "dueling_dqn-cartpole": 30, "ppo-gsde-config-pendulum": 30, "double_dqn-cartpole": 25,
-           "ddpg-pendulum": 25, "vpg-cartpole": 25, "reinforce-cartpole": 20, "reinforce-pendulum": 70}
+           "ddpg-pendulum": 25, "vpg-cartpole": 25, "reinforce-cartpole": 20, "reinforce-pendulum": 30}
 """Measured seconds of the longer cases on a shared 2-core machine (run first: see tests/conftest.py)."""
 
 
-SEEDS: dict[str, tuple[tuple[int, ...], int]] = {"reinforce-pendulum": ((0, 1, 2, 3, 4, 5, 6, 7), 2)}
+SEEDS: dict[str, tuple[tuple[int, ...], int]] = {"reinforce-pendulum": ((0, 1, 2, 3, 4, 5, 6, 7), 3)}
 """Cases whose seeds succeed only some of the time: (seeds tried in order, how many must reach the target).
-REINFORCE (no baseline) on Pendulum reaches -200 within its budget from about half the seeds, and which ones depends
-on the CPU's float paths: 4 of seeds 0-3 and 5 on the machine the zoo entry was measured on; on an Intel Xeon with
-AVX-512 13 of seeds 0-23 with tanh as 2 sigmoid(2x) - 1 and 9 with torch.tanh (seeds 2, 5 and 7 of 0-7). The test
-asks for 2 of seeds 0-7, stopping once 2 have."""
+REINFORCE (no baseline) on Pendulum reaches -200 within its budget from about three seeds in four (18 of seeds 0-23
+on an Intel Xeon with AVX-512), and which ones depends on the CPU's float paths. The test asks for 3 of seeds 0-7,
+stopping once 3 have (at three in four, it fails about once in 250 runs)."""
 
 
 @pytest.mark.parametrize("case", [pytest.param(case, marks=pytest.mark.slow(seconds=SECONDS.get(case, 0)))
