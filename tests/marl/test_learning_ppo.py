@@ -83,10 +83,12 @@ def test_mappo_brings_the_agents_of_vmas_navigation_to_their_goals(tmp_path: Pat
     episodes that end once every agent is on its goal). The team return reaches about 16 within 200k-400k steps,
     while the agents still hover around their goals; then the fraction on their goals climbs, not monotonically:
     seed 0 0.29, 0.88, 0.93, 0.86, 0.62, 0.94, 0.98, 0.98 at 128k, 256k ... 1,024k steps; seed 1 0.10, 0.62, 0.84,
-    0.91, 0.66, 0.94, 0.89, 0.99. The team return stays near 16 from 256k steps on whatever the fraction (15.1-16.1
-    over 100 episodes), so the best checkpoint by return is no better than any late one: the test takes the policy
-    at the end of 1,024k steps (40 rollouts of the defaults' 1024 x 25 steps), where seeds 0 and 1 had 0.94 and 0.98
-    (evaluated only there), and asks for 0.8. Random policy: 0.005 of the agents, team return about -5."""
+    0.91, 0.66, 0.94, 0.89, 0.99 (runs measured every 128k steps: measuring resets VMAS envs, which draws random
+    numbers, so these runs are not the test's). The team return stays near 16 from 256k steps on whatever the
+    fraction (15.1-16.1 over 100 episodes), so the best checkpoint by return is no better than any late one: the test
+    takes the policy at the end of 1,024k steps (40 rollouts of the defaults' 1024 x 25 steps), where seeds 0 and 1
+    had 0.94 and 0.98 (evaluated only there), and asks for 0.8. Random policy: 0.005 of the agents, team return about
+    -5."""
     pytest.importorskip("vmas")
     budget_steps = 1_024_000
     torch.set_num_threads(1)
