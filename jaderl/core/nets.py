@@ -25,7 +25,8 @@ def declare_precision(layers: Sequence[nn.Module], pixels: bool = False) -> None
 
 
 def mlp(sizes: Sequence[int], activation: type[nn.Module] = nn.ReLU, out_gain: float | None = None) -> CacheBlocked:
-    """Linear layers of ``sizes`` with ``activation`` between them; orthogonal init of the last layer if out_gain."""
+    """Linear layers of ``sizes`` with ``activation`` between them; orthogonal init of the last layer if out_gain.
+    Large CPU batches run in cache-sized blocks (:class:`~jaderl.accel.CacheBlocked`)."""
     layers: list[nn.Module] = []
     for i in range(len(sizes) - 1):
         layers.append(nn.Linear(sizes[i], sizes[i + 1]))
