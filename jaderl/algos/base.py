@@ -271,6 +271,19 @@ class OnPolicyAgent(SDEExploration, Agent):
         action = self.actor.sample(x)
         return action if self.is_discrete else action.clamp(-1.0, 1.0)
 
-    def explore_action(self, obs: torch.Tensor) -> torch.Tensor:
-        """The unclipped sample: its log-probability is what the update needs (the env clips it to [-1, 1])."""
+    def explore_action(self, obs: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        """The unclipped sample (the env clips it to [-1, 1]), whose log-probability is what the update needs; with
+        it, when :attr:`record_keys` asks for ``log_prob`` (PPO)."""
+        if self.record_keys:
+            return self.actor.sample_log_prob(self.features(obs))
         return self.actor.sample(self.features(obs))
+
+    def old_log_prob(self, data: Batch) -> torch.Tensor:
+        """The rollout policy's log-probabilities (T, N, ...) of the rollout's actions: those recorded while exploring
+        (:attr:`record_keys`), else computed now, before any update (explorer workers that do not compute as the
+        learner does, in another precision, leave them out)."""
+        if "log_prob" in data:
+            return data["log_prob"]
+        lead = data["reward"].dim() - 1  # the (T, N) or (T, N, agents) dims flattened into one batch dim
+        log_prob = self.actor.evaluate(self.features(data["obs"]).flatten(0, lead), data["action"].flatten(0, lead))[0]
+        return log_prob.view(data["reward"].shape)

@@ -33,6 +33,12 @@ class CategoricalActor(nn.Module):
         logits = self.net(obs)
         return (logits - torch.rand_like(logits).log_().neg_().log_()).argmax(-1)
 
+    def sample_log_prob(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Actions (...,) drawn as :meth:`sample` draws them, and their log-probabilities (...,)."""
+        logits = self.net(obs)
+        action = (logits - torch.rand_like(logits).log_().neg_().log_()).argmax(-1)
+        return action, F.log_softmax(logits, -1).gather(-1, action.unsqueeze(-1)).squeeze(-1)
+
     def evaluate(self, obs: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Log-probability (B,) of ``action`` and the policy's entropy (B,)."""
         logits = self.net(obs)
@@ -62,6 +68,14 @@ class GaussianActor(nn.Module):
         """Unsquashed actions (B, action_dim); the env clips them to [-1, 1]."""
         mean = self.net(obs)
         return mean + self.log_std.exp() * torch.randn_like(mean)
+
+    def sample_log_prob(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Unsquashed actions (..., action_dim) drawn as :meth:`sample` draws them, and their log-probabilities
+        (...,)."""
+        mean = self.net(obs)
+        noise = torch.randn_like(mean)
+        log_prob = (-0.5 * noise.square() - self.log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
+        return mean + self.log_std.exp() * noise, log_prob
 
     def evaluate(self, obs: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Log-probability (B,) of ``action`` and the policy's entropy (B,)."""
@@ -130,6 +144,14 @@ class SDEGaussianActor(StateDependentNoise, GaussianActor):
         """Unsquashed actions (..., action_dim) with the current noise weights."""
         latent, mean = self.latent_and_mean(obs)
         return mean + self.state_noise(latent)
+
+    def sample_log_prob(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Unsquashed actions (..., action_dim) with the current noise weights, and their log-probabilities (...,)
+        under the distribution :meth:`evaluate` scores."""
+        latent, mean = self.latent_and_mean(obs)
+        noise, var = self.state_noise(latent), self.variance(latent)
+        log_prob = (-0.5 * noise.square() / var - 0.5 * var.log() - 0.5 * math.log(2 * math.pi)).sum(-1)
+        return mean + noise, log_prob
 
     def evaluate(self, obs: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Log-probability (B,) of ``action`` and the policy's entropy (B,) in each state."""

@@ -6,7 +6,8 @@ observation), and then runs ``num_epochs`` passes of minibatch updates on
 
     L = -E[min(r A, clip(r, 1 - eps, 1 + eps) A)] + vf_coef E[(V - V_target)^2] - ent_coef E[H(pi)],
 
-where r = pi(a|s) / pi_old(a|s). Discrete actions use a categorical policy, continuous ones a Gaussian with a
+where r = pi(a|s) / pi_old(a|s), pi_old(a|s) being recorded while exploring (a rollout's log-probabilities are not
+computed again). Discrete actions use a categorical policy, continuous ones a Gaussian with a
 state-independent standard deviation. Options, all off by default, as CleanRL and Stable-Baselines3 users know them:
 
 * ``anneal_lr`` (CleanRL's; every rollout algorithm takes it): the update after a rollout uses
@@ -89,6 +90,7 @@ class PPO(WithHTerm, OnPolicyAgent):
 
     config_cls = PPOConfig
     compiled_methods = ("act", "explore_action", "minibatch_loss")
+    record_keys = ("log_prob",)
     hyperparameters: ClassVar[dict[str, Hyperparameter]] = {**OnPolicyAgent.hyperparameters,
                                                            "clip_ratio": Hyperparameter(0.05, 0.5),
                                                            "gae_lambda": Hyperparameter(0.8, 1.0),
@@ -108,11 +110,11 @@ class PPO(WithHTerm, OnPolicyAgent):
     def update(self, buffer: RolloutBuffer) -> dict[str, torch.Tensor]:
         cfg, data = self.config, buffer.data
         schedule = self.begin_update(data)
-        # 1. values, old log-probabilities and GAE for the whole rollout in three batched calls
+        # 1. values and GAE for the whole rollout in two batched calls (the old log-probabilities were recorded)
         with torch.no_grad():
             obs, next_obs = self.features(data["obs"]), self.features(data["next_obs"])
             value, next_value = self.critic(obs).squeeze(-1), self.critic(next_obs).squeeze(-1)  # (T, N)
-            data["log_prob"] = self.actor.evaluate(obs.flatten(0, 1), data["action"].flatten(0, 1))[0].view_as(value)
+            data["log_prob"] = self.old_log_prob(data)
             buffer.compute_gae(value, next_value, cfg.gamma, cfg.gae_lambda)
             explained = explained_variance(value, data["value_target"])
         batch = {k: v for k, v in buffer.flat().items()

@@ -54,6 +54,9 @@ class Agent:
     config_cls: ClassVar[type[Config]] = Config
     on_policy: ClassVar[bool] = True
     """Learns from the latest rollout only (replay-buffer algorithms derive from :class:`OffPolicyAgent`)."""
+    record_keys: tuple[str, ...] = ()
+    """What :meth:`explore_action` returns besides the action, when it returns a tuple (PPO: ``("log_prob",)``, the
+    rollout policy's log-probability of the action); the trajectory keeps each step's under these names."""
     compiled_methods: ClassVar[tuple[str, ...]] = ("act",)
     """The pure functions :func:`jaderl.accel.accelerate` compiles (the optimizer steps stay eager)."""
     hyperparameters: ClassVar[dict[str, Hyperparameter]] = {"lr": LEARNING_RATE,
@@ -168,14 +171,15 @@ class Agent:
         """Called by :meth:`explore` before its step ``t`` (0 to horizon - 1) of a rollout; a hook for exploration
         that changes on a schedule (gSDE's noise weights). Does nothing by default."""
 
-    def explore_action(self, obs: torch.Tensor) -> torch.Tensor:
-        """The action taken while exploring; algorithms override it for noise or epsilon-greedy."""
+    def explore_action(self, obs: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        """The action taken while exploring (and the tensors named by :attr:`record_keys`, if any); algorithms
+        override it for noise or epsilon-greedy."""
         return self.act(obs, deterministic=False)
 
     @torch.no_grad()
     def explore(self, env: VecEnv, horizon: int) -> Batch:
         """Step ``env`` for ``horizon`` steps; returns obs, action, reward, terminated, truncated, next_obs (T, N, ...),
-        and state, next_state when the env has a global state (several agents).
+        state, next_state when the env has a global state (several agents), and what :attr:`record_keys` names.
 
         ``next_obs`` (``next_state``) is what was reached before any auto-reset, so truncated steps can be
         bootstrapped. Rewards are clipped to their sign (``config.clip_rewards``), then multiplied by
@@ -185,14 +189,15 @@ class Agent:
             self.last_obs = env.reset(seed=self.config.seed + self.steps)
         keys = ["obs", "action", "reward", "terminated", "truncated", "next_obs"]
         keys += ["state", "next_state"] if self.spec.state_shape else []
+        keys += self.record_keys
         steps: list[tuple[torch.Tensor, ...]] = []
         for t in range(horizon):
             self.begin_explore_step(t)
             obs, state = self.last_obs, (env.global_state(),) if self.spec.state_shape else ()
-            action = self.explore_action(obs)
+            action, *record = out if isinstance(out := self.explore_action(obs), tuple) else (out,)
             self.last_obs, reward, terminated, truncated, info = env.step(action)
             final = (info["final_state"],) if state else ()
-            steps.append((obs, action, reward, terminated, truncated, info["final_obs"], *state, *final))
+            steps.append((obs, action, reward, terminated, truncated, info["final_obs"], *state, *final, *record))
             self.episodes.last_step = terminated, truncated
         traj = dict(zip(keys, (torch.stack(x) for x in zip(*steps, strict=True)), strict=True))
         self.episodes.track(traj["reward"], traj["terminated"] | traj["truncated"])

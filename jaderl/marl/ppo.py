@@ -93,6 +93,7 @@ class MAPPO(MultiAgent, OnPolicyAgent):
 
     config_cls = MAPPOConfig
     compiled_methods = ("act", "explore_action", "minibatch_loss")
+    record_keys = ("log_prob",)
     hyperparameters: ClassVar[dict[str, Hyperparameter]] = {
         **OnPolicyAgent.hyperparameters, "clip_ratio": PPO.hyperparameters["clip_ratio"],
         "gae_lambda": PPO.hyperparameters["gae_lambda"]}
@@ -140,11 +141,9 @@ class MAPPO(MultiAgent, OnPolicyAgent):
     def update(self, buffer: RolloutBuffer) -> dict[str, torch.Tensor]:
         cfg, data = self.config, buffer.data
         schedule = self.begin_update(data)
-        # 1. old log-probabilities, advantages and the critic's targets (normalised) for the whole rollout
+        # 1. the old log-probabilities (recorded), advantages and the critic's targets (normalised) for the rollout
         with torch.no_grad():
-            features = self.features(data["obs"])  # (T, N, A, obs_dim)
-            data["log_prob"] = self.actor.evaluate(features.flatten(0, 2), data["action"].flatten(0, 2))[0] \
-                .view(data["reward"].shape)  # (T, N, A)
+            data["log_prob"] = self.old_log_prob(data)  # (T, N, A)
             data["advantage"], target, value = self.returns(data)
             explained = explained_variance(value, target)
             self.value_norm.update(target)

@@ -136,6 +136,8 @@ def _explorer(worker: int, config_dict: dict[str, Any], agent_cls: type[Agent], 
         agent = agent_cls(config, env.spec, torch.device("cpu"))
         if native_bfloat16(agent.device):  # config.precision: act as the learner's networks compute, where that is
             mixed_precision(agent, warn=False)  # not slower (the learner may be a GPU, the explorers a plain CPU)
+        elif config.precision == "bfloat16":  # log-probabilities of float32 networks are not the learner's: it
+            agent.record_keys = ()  # computes them (PPO's old_log_prob)
         agent.steps = start_steps  # config.seed (this worker's, from start_steps) seeds the env
         used = -1
         try:

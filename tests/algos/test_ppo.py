@@ -157,6 +157,23 @@ def test_ppo_update_matches_a_reference_loop(env_id: str, option: str) -> None:
     assert float(stats["policy/explained_variance"]) == pytest.approx(by_hand, abs=1e-5)
 
 
+@pytest.mark.parametrize(("env_id", "options"), [("jaderl/CartPole-v1", {}), ("jaderl/Pendulum-v1", {}),
+                                                 ("jaderl/Pendulum-v1", {"use_sde": True, "sde_sample_freq": 4})])
+def test_rollouts_record_the_log_probability_of_every_action(env_id: str, options: dict[str, Any]) -> None:
+    """The rollout policy's log-probabilities come with the trajectory, equal to what the actor gives its actions
+    afterwards (what the update computed for itself before), and the update takes them as they are."""
+    agent, env, _ = warmed_up_agent(env_id, **options)
+    rollout = agent.explore(env, agent.config.horizon)
+    recorded = rollout.pop("log_prob")
+    assert recorded.shape == rollout["reward"].shape == (50, 4)
+    with torch.no_grad():
+        computed = agent.old_log_prob(rollout)  # no recorded ones: the actor's, for the rollout's actions
+    torch.testing.assert_close(recorded, computed, atol=1e-5, rtol=1e-5)
+    assert recorded.std() > 0.1  # not one constant
+    rollout["log_prob"] = recorded
+    assert agent.old_log_prob(rollout) is recorded
+
+
 def test_explained_variance_matches_a_hand_computation() -> None:
     value = torch.tensor([[1.0, 2.0], [3.0, 5.0]])  # (T, N): the whole rollout counts
     target = torch.tensor([[2.0, 2.0], [4.0, 4.0]])

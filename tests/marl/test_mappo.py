@@ -177,6 +177,19 @@ def test_update_learns_and_act_gives_every_agent_an_action(env: str) -> None:
         assert action.shape == ((7, AGENTS) if "continuous" not in env else (7, AGENTS, 2))
 
 
+@pytest.mark.parametrize("env", [ENV, f"{ENV}?continuous=true"])
+def test_rollouts_record_every_agents_log_probability(env: str) -> None:
+    """explore records log pi(a_i|o_i) (T, N, agents) of the actions taken; the update would compute the same."""
+    config = make_config("mappo", env, hidden=[16, 16], device="cpu", num_envs=N, horizon=T, minibatch_size=8)
+    vec = make_env(config.env, N, "cpu", seed=1)
+    agent = MAPPO(config, vec, torch.device("cpu"))
+    rollout = agent.explore(vec, T)
+    recorded = rollout.pop("log_prob")
+    assert recorded.shape == rollout["reward"].shape == (T, N, AGENTS)
+    with torch.no_grad():
+        torch.testing.assert_close(recorded, agent.old_log_prob(rollout), atol=1e-5, rtol=1e-5)
+
+
 def test_refuses_single_agent_envs_and_checks_its_settings() -> None:
     single = EnvSpec(num_envs=1, obs_shape=(4,), is_discrete=True, action_dim=2)
     assert "single agent" in MAPPO.accepts(single)
