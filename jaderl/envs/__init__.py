@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -54,6 +54,19 @@ def _options(name: str, query: str) -> dict[str, bool | int | float | str]:
     return options
 
 
+@contextlib.contextmanager
+def _options_taken(name: str) -> Iterator[None]:
+    """An option the env does not take (a TypeError of its constructor, for an id with options) as one EnvError
+    naming the env id."""
+    try:
+        yield
+    except TypeError as exc:
+        if "?" not in name:
+            raise
+        raise EnvError(f"env {name!r}: {exc}".replace(".__init__()", "") + "; see the env's docstring for its "
+                       "options") from None
+
+
 def make_env(name: str, num_envs: int, device: torch.device | str = "cpu", seed: int | None = None,
              workers: int = 0) -> VecEnv:
     """Build ``num_envs`` copies of env ``name``: a built-in torch env (``jaderl/...``), an Atari game (``ALE/...`` or
@@ -72,15 +85,13 @@ def make_env(name: str, num_envs: int, device: torch.device | str = "cpu", seed:
         return StockTradingEnv(num_envs=num_envs, device=device, seed=seed, env_id=name)
     base, _, query = name.partition("?")  # options: jaderl/simple_spread?continuous=true&num_agents=4
     if base in TORCH_ENVS:
-        try:
+        with _options_taken(name):
             return TORCH_ENVS[base](num_envs=num_envs, device=device, seed=seed, **_options(name, query))
-        except TypeError as exc:  # an option the env does not take
-            raise EnvError(f"env {name!r}: {exc}".replace(".__init__()", "")
-                           + "; see the env's docstring for its options") from None
     if name.startswith("vmas/"):  # VMAS scenarios, batched on the device already (pip install 'jaderl[vmas]')
         from jaderl.envs.vmas import make_vmas_env
 
-        return make_vmas_env(name, num_envs, device, seed=seed)
+        with _options_taken(name):  # vmas/navigation?n_agents=2: the scenario's own options
+            return make_vmas_env(base, num_envs, device, seed=seed, **_options(name, query))
     if name.startswith("brax/"):  # Brax's JAX simulators through DLPack (pip install 'jaderl[brax]')
         from jaderl.envs.brax import make_brax_env
 
@@ -92,7 +103,8 @@ def make_env(name: str, num_envs: int, device: torch.device | str = "cpu", seed:
     if name.startswith("pettingzoo/"):  # any PettingZoo parallel env by module path (pip install 'jaderl[marl]')
         from jaderl.envs.pettingzoo import make_pettingzoo_env
 
-        return make_pettingzoo_env(name, num_envs, device, seed=seed, workers=workers)
+        with _options_taken(name):  # pettingzoo/mpe2.simple_spread_v3?N=4: parallel_env(N=4)
+            return make_pettingzoo_env(base, num_envs, device, seed=seed, workers=workers, **_options(name, query))
     if name.startswith("jaderl/"):
         raise EnvError(f"unknown env {name!r}; the built-in torch envs are: {', '.join(sorted(TORCH_ENVS))}")
     if workers > 0:

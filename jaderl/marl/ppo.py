@@ -83,8 +83,9 @@ class MAPPOConfig(OnPolicyConfig):
     def validate(self) -> None:
         rollout = self.num_envs * max(1, self.workers) * self.horizon
         if self.minibatch_size > rollout:
-            raise ConfigError(f"minibatch_size={self.minibatch_size} is larger than a rollout (num_envs * horizon = "
-                              f"{rollout} sub-env steps); lower it or collect more")
+            workers = " * workers" if self.workers > 1 else ""
+            raise ConfigError(f"minibatch_size={self.minibatch_size} is larger than a rollout (num_envs{workers} * "
+                              f"horizon = {rollout} sub-env steps); lower it or collect more")
         super().validate()
 
 

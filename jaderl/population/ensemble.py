@@ -51,6 +51,8 @@ def fuse_runs(run_dirs: Sequence[str | Path], out: str | Path, device: str = "cp
     Returns ``{"run_dir", "eval_return", "fused"}``."""
     if len(run_dirs) < 2:
         raise ConfigError(f"fusion needs two or more run directories, got {len(run_dirs)}")
+    if Path(out).exists() and (not Path(out).is_dir() or any(Path(out).iterdir())):
+        raise ConfigError(f"{out} already exists and is not an empty directory; pick another --out")
     names = [str(d) for d in run_dirs]
     agents = [load(d, best=False, device=device) for d in run_dirs]
     check_same_settings(agents, names)

@@ -20,9 +20,13 @@ import socket
 from pathlib import Path
 from typing import Any
 
+from safetensors import safe_open
+
 from jaderl.api import ALGOS, make_config
-from jaderl.core.checkpoint import CHECKPOINT_JSON
-from jaderl.core.loop import Trainer
+from jaderl.core.checkpoint import CHECKPOINT_JSON, save_tensors
+from jaderl.core.evaluator import BEST_POLICY
+from jaderl.core.loop import Trainer, TrainingError
+from jaderl.envs.vec import NONFINITE_ACTIONS, EnvError
 
 
 class Member:
@@ -32,14 +36,14 @@ class Member:
     its first period's end left behind."""
 
     def __init__(self, settings: dict[str, Any], hyperparameters: dict[str, float] | None = None) -> None:
-        config = make_config(**settings)
+        # the hyperparameters are the config's: a fresh member starts with them, and a restarted one keeps them
+        # (a resumed Trainer applies the config's values over its checkpoint's, which are the same unless they moved)
+        config = make_config(**{**settings, **(hyperparameters or {})})
         run_dir = Path(config.run_dir)
         resume = (run_dir / CHECKPOINT_JSON).exists()
         if not resume and run_dir.exists():
             shutil.rmtree(run_dir)
         self.trainer = Trainer(config, ALGOS[config.algo].agent_cls, resume=resume)
-        if hyperparameters and not resume:
-            self.trainer.set_hyperparameters(**hyperparameters)
 
     def describe(self) -> dict[str, Any]:
         """Where it runs and what it is: env steps, mutable hyperparameters, run directory, host, Ray node, process."""
@@ -53,15 +57,20 @@ class Member:
         there), evaluate and checkpoint; returns ``{"steps", "score", "stop_reason"}`` with the score of the
         evaluation at the end (a run that could not evaluate scores -inf)."""
         trainer = self.trainer
-        if steps is not None and steps > trainer.agent.steps:
-            reason = trainer.run(steps=steps - trainer.agent.steps).stop_reason  # evaluates, checkpoints when it stops
-            score = trainer.last_eval
-        elif time_s is not None and time_s > trainer.time_s:
-            reason = trainer.run(until_time_s=time_s).stop_reason
-            score = trainer.last_eval
-        else:  # reached in an earlier attempt (a population resumed after its driver died)
-            reason, score = "period", trainer.evaluate()
-            trainer.checkpoint()
+        try:
+            if steps is not None and steps > trainer.agent.steps:
+                reason = trainer.run(steps=steps - trainer.agent.steps).stop_reason  # evaluates, checkpoints at the end
+                score = trainer.last_eval
+            elif time_s is not None and time_s > trainer.time_s:
+                reason = trainer.run(until_time_s=time_s).stop_reason
+                score = trainer.last_eval
+            else:  # reached in an earlier attempt (a population resumed after its driver died)
+                reason, score = "period", trainer.evaluate()
+                trainer.checkpoint()
+        except EnvError as exc:  # NaN actions (continuous ones reach the env before a NaN checkpoint): diverged too
+            if exc.args != (NONFINITE_ACTIONS,):
+                raise
+            raise TrainingError(f"the agent diverged by step {trainer.agent.steps}: {exc}") from None
         return {"steps": trainer.agent.steps, "score": score if math.isfinite(score) else -math.inf,
                 "stop_reason": reason}
 
@@ -70,9 +79,15 @@ class Member:
         return self.train_until(steps=self.trainer.agent.steps + steps)
 
     def state(self, include_buffer: bool = True) -> dict[str, Any]:
-        """The Trainer's whole state (without the replay buffer unless ``include_buffer``), for another member."""
+        """The Trainer's whole state (without the replay buffer unless ``include_buffer``) and the best policy this
+        run saved (its tensors and metadata; None before its first evaluation), for another member."""
         state = self.trainer.state_dict()
-        return state if include_buffer else {**state, "buffer": None}
+        best_path = self.trainer.run_dir / BEST_POLICY
+        best = None
+        if best_path.exists():
+            with safe_open(str(best_path), framework="pt") as f:
+                best = {k: f.get_tensor(k) for k in f.keys()}, dict(f.metadata() or {})  # noqa: SIM118
+        return {**state, "best_policy": best} | ({} if include_buffer else {"buffer": None})
 
     def exploit(self, state: dict[str, Any], hyperparameters: dict[str, float]) -> None:
         """Continue from another member's ``state`` (networks, optimizers, normalisers, counters, the env's state, its
@@ -82,6 +97,12 @@ class Member:
         own_rng, generator = trainer.rng, getattr(trainer.env, "generator", None)
         own_env_rng = None if generator is None else generator.get_state()
         own_buffer = list(trainer.buffer.state_dict()) if state["buffer"] is None else None
+        best, state = state.get("best_policy"), {k: v for k, v in state.items() if k != "best_policy"}
+        best_path = trainer.run_dir / BEST_POLICY  # the parent's best policy goes with its evaluation history
+        if best is not None:
+            save_tensors(best_path, *best)
+        else:
+            best_path.unlink(missing_ok=True)
         trainer.load_state_dict(state if own_buffer is None else {**state, "buffer": own_buffer})
         if own_buffer is not None:  # its own transitions stay; their episodes end where the parent's begin
             trainer.buffer.load_state_dict(*own_buffer, cut_episodes=True)

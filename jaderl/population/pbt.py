@@ -184,8 +184,8 @@ def resume_pbt(pop_dir: str | Path, *, generations: int | None = None, address: 
         state["settings"]["resources"] = resources
     parsed = config.validate()
     if state["generation"] >= config.generations:
-        raise ConfigError(f"{pop_dir} already finished its {config.generations} generations; resume with a larger "
-                          "--generations to train on")
+        raise ConfigError(f"{pop_dir} already finished {state['generation']} generations; resume with --generations "
+                          f"larger than {state['generation']} to train on")
     with connected(address, num_cpus) as ray:
         options = Resources.parse(config.resources).options(config.members, ray.cluster_resources())
         return _Controller(pop_dir, config, parsed, state).run(ray, options, progress)
@@ -329,9 +329,7 @@ class _Controller:
         """The bottom quantile copies the top: returns each member's parent for the next generation and the explored
         hyperparameters of the members that copied."""
         config, ray = self.config, self.ray
-        ranked = sorted(range(config.members), key=lambda k: scores[k], reverse=True)
-        cut = max(1, int(config.members * config.quantile))
-        top, bottom = ranked[:cut], ranked[-cut:]
+        top, bottom = split_by_score(scores, config.quantile)
         parents = list(range(config.members))
         explored: dict[int, dict[str, float]] = {}
         calls = []
@@ -354,6 +352,18 @@ class _Controller:
                     ref = self.actors[k].exploit.remote(self.actors[parents[k]].state.remote(config.copy_buffer),
                                                         explored[k])
         return parents, explored
+
+
+def split_by_score(scores: list[float], quantile: float) -> tuple[list[int], list[int]]:
+    """The members that may be copied (the top ``quantile`` by score, best first, diverged members left out) and the
+    members that copy one of them (the bottom ``quantile`` and every diverged member, whose score is -inf)."""
+    ranked = sorted(range(len(scores)), key=lambda k: scores[k], reverse=True)
+    cut = max(1, int(len(scores) * quantile))
+    top = [k for k in ranked if math.isfinite(scores[k])][:cut]
+    if not top:
+        raise PopulationError("every member diverged (NaN or infinite parameters) in the same generation; narrow the "
+                              "search space towards smaller learning rates")
+    return top, [k for k in ranked if k not in top and (k in ranked[-cut:] or not math.isfinite(scores[k]))]
 
 
 def _rng_to_json(rng: random.Random) -> list[Any]:

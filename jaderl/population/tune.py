@@ -12,17 +12,19 @@ searchers (ASHA, PB2, PBT, Optuna ...).
 Each iteration trains ``period`` env steps and reports ``eval_return`` (the evaluation at its end),
 ``best_eval_return`` and ``env_steps``. A Tune checkpoint is the Trainer's whole state as jaderl writes it
 (safetensors + JSON, nothing pickled), so ``jaderl.load(CHECKPOINT_DIR, best=False)`` reads one too. Changing only
-the algorithm's mutable hyperparameters (Tune's PBT with ``reuse_actors``) happens in place, through
-``Trainer.set_hyperparameters``. Importing this module needs Ray (``pip install 'jaderl[ray]'``).
+the algorithm's mutable hyperparameters of a trial (Tune's PBT) happens in place, through
+``Trainer.set_hyperparameters``, and a restored checkpoint keeps them. Importing this module needs Ray
+(``pip install 'jaderl[ray]'``).
 """
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
 from jaderl.api import ALGOS, make_config
-from jaderl.core.checkpoint import load_checkpoint, save_checkpoint
+from jaderl.core.checkpoint import CHECKPOINT_JSON, load_checkpoint, save_checkpoint
 from jaderl.core.loop import Trainer
 from jaderl.population.cluster import require_ray
 
@@ -35,15 +37,20 @@ TRIAL_KEYS = ("algo", "env", "period")
 
 class JaderlTrainable(tune.Trainable):  # type: ignore[misc]
     """A jaderl Trainer as a Tune trainable; the trial's config names ``algo``, ``env``, ``period`` (env steps per
-    iteration, default 10,000) and any config fields. The run directory is ``run/`` in the trial's directory."""
+    iteration, default 10,000) and any config fields. The run directory is ``run/`` in the trial's directory; a trial
+    that Tune starts again in a new actor continues there."""
 
     def setup(self, config: dict[str, Any]) -> None:
+        self.trial = {k: config.get(k) for k in TRIAL_KEYS}
         self.fields = {k: v for k, v in config.items() if k not in TRIAL_KEYS}
         self.period = int(config.get("period", 10_000))
-        settings = {"eval_every": self.period, "checkpoint_every": self.period, **self.fields,
-                    "run_dir": str(Path(self.logdir) / "run")}
+        run_dir = Path(self.logdir) / "run"
+        resume = (run_dir / CHECKPOINT_JSON).exists()  # the trial ran before, in an actor that is gone
+        if not resume and run_dir.exists():  # (that actor died before its first checkpoint)
+            shutil.rmtree(run_dir)
+        settings = {"eval_every": self.period, "checkpoint_every": self.period, **self.fields, "run_dir": str(run_dir)}
         cfg = make_config(config["algo"], config["env"], **settings)
-        self.trainer = Trainer(cfg, ALGOS[cfg.algo].agent_cls)
+        self.trainer = Trainer(cfg, ALGOS[cfg.algo].agent_cls, resume=resume)
 
     def step(self) -> dict[str, Any]:
         result = self.trainer.run(steps=self.period)
@@ -54,17 +61,23 @@ class JaderlTrainable(tune.Trainable):  # type: ignore[misc]
         save_checkpoint(checkpoint_dir, self.trainer.state_dict(), self.trainer.agent.steps)
 
     def load_checkpoint(self, checkpoint: Any) -> None:
-        self.trainer.load_state_dict(load_checkpoint(checkpoint, self.trainer.device))
+        """Continue from ``checkpoint`` with this trial's hyperparameters: Tune's PBT sets the explored ones
+        (``reset_config``) before it restores the copied checkpoint, whose own values they replace."""
+        self.trainer.resume_from(load_checkpoint(checkpoint, self.trainer.device))
 
     def reset_config(self, new_config: dict[str, Any]) -> bool:
-        """Take a new config in place when only mutable hyperparameters change (Tune's PBT); otherwise Tune starts a
-        new trainable."""
+        """Take a new config: in place when only mutable hyperparameters of the same trial change (Tune's PBT);
+        otherwise (another trial reusing this actor, other settings) with a new Trainer in this process."""
         fields = {k: v for k, v in new_config.items() if k not in TRIAL_KEYS}
         mutable = self.trainer.agent.hyperparameters
-        others_same = {k: v for k, v in fields.items() if k not in mutable} == \
+        same = {k: v for k, v in fields.items() if k not in mutable} == \
             {k: v for k, v in self.fields.items() if k not in mutable}
-        if not others_same or any(new_config.get(k) != self.config.get(k) for k in TRIAL_KEYS):
-            return False
+        same = same and {k: new_config.get(k) for k in TRIAL_KEYS} == self.trial \
+            and self.trainer.run_dir == Path(self.logdir) / "run"
+        if not same:
+            self.trainer.close()
+            self.setup(new_config)
+            return True
         if changed := {k: v for k, v in fields.items() if k in mutable and v != getattr(self.trainer.config, k)}:
             self.trainer.set_hyperparameters(**changed)
         self.fields = fields

@@ -79,6 +79,18 @@ def test_shapes_dtypes_and_spec() -> None:
         env.close()
 
 
+def test_options_in_the_id_go_to_the_env() -> None:
+    from jaderl.envs import make_env
+
+    env = make_env("pettingzoo/mpe2.simple_spread_v3?N=2&continuous_actions=true", 2, "cpu", seed=0)
+    try:
+        assert env.spec.num_agents == 2 and not env.spec.is_discrete
+    finally:
+        env.close()
+    with pytest.raises(EnvError, match="unexpected keyword argument 'bogus'"):
+        make_env("pettingzoo/mpe2.simple_spread_v3?bogus=1", 1, "cpu")
+
+
 @pytest.mark.parametrize("continuous", [False, True])
 def test_matches_the_env_stepped_by_hand(continuous: bool) -> None:
     """Observations, rewards, states and flags equal those of ``simple_spread_v3`` envs reset with ``seed + i`` and

@@ -41,6 +41,12 @@ def test_shapes_dtypes_and_spec(continuous: bool) -> None:
     assert torch.equal(env.global_state(), obs.flatten(1))
 
 
+def test_options_in_the_id_go_to_the_scenario() -> None:
+    from jaderl.envs import make_env
+
+    assert make_env("vmas/navigation?n_agents=2&continuous=true", 2, "cpu", seed=0).spec.num_agents == 2
+
+
 @pytest.mark.parametrize(("scenario", "continuous"), [("navigation", False), ("balance", True)])
 def test_runs_hundreds_of_steps_with_auto_reset(scenario: str, continuous: bool) -> None:
     max_steps = 40

@@ -197,6 +197,8 @@ def test_refuses_single_agent_envs_and_checks_its_settings() -> None:
     assert MAPPO.accepts(make_env(f"{ENV}?continuous=true", 1, "cpu").spec) is None
     with pytest.raises(ConfigError, match="minibatch_size=9999 is larger than a rollout"):
         make_config("mappo", ENV, num_envs=4, horizon=25, minibatch_size=9999)
+    with pytest.raises(ConfigError, match=r"\(num_envs \* workers \* horizon = 200 sub-env steps\)"):
+        make_config("mappo", ENV, num_envs=4, horizon=25, workers=2, minibatch_size=250)
     with pytest.raises(ConfigError, match="cannot train on jaderl/CartPole-v1"):
         train("mappo", "jaderl/CartPole-v1", device="cpu", total_steps=100)
 

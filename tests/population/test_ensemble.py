@@ -56,6 +56,13 @@ def test_fuse_refuses_runs_of_other_settings(two_runs: list[Path], tmp_path: Pat
     err = capsys.readouterr().err.strip()
     assert "hidden=[32, 32]" in err and "same settings" in err and len(err.splitlines()) == 1
     assert not (tmp_path / "out").exists()
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "notes.txt").write_text("kept")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fuse", *map(str, two_runs), "--out", str(tmp_path / "out")])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.strip().endswith("is not an empty directory; pick another --out")
+    assert (tmp_path / "out" / "notes.txt").read_text() == "kept"
 
 
 def test_fuse_command_prints_json(two_runs: list[Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

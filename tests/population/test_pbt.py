@@ -22,12 +22,16 @@ from typing import Any
 
 import pytest
 import torch
+from safetensors import safe_open
 
 from jaderl import api
 from jaderl.cli import main
 from jaderl.core.config import ConfigError
+from jaderl.core.evaluator import BEST_POLICY
 from jaderl.population import pbt, resume_pbt
+from jaderl.population.cluster import PopulationError
 from jaderl.population.member import Member, Standby
+from jaderl.population.pbt import split_by_score
 
 ray = pytest.importorskip("ray")
 
@@ -79,8 +83,52 @@ def test_exploit_copies_the_whole_state_and_sets_the_new_hyperparameters(tmp_pat
     assert "lr 0.001 -> 0.0012" in (tmp_path / "b" / "config.yaml").read_text()
     assert api.load(tmp_path / "b", best=False).config.lr == pytest.approx(1.2e-3)  # checkpointed at once
     assert child.describe()["steps"] == parent.describe()["steps"] == 256
+    # the parent's best policy comes with its evaluation history: jaderl.load(child) is the parent's best
+    with safe_open(str(tmp_path / "a" / BEST_POLICY), "pt") as best_a, \
+            safe_open(str(tmp_path / "b" / BEST_POLICY), "pt") as best_b:
+        assert best_a.metadata() == best_b.metadata()
+        assert all(torch.equal(best_a.get_tensor(k), best_b.get_tensor(k)) for k in best_a.keys())  # noqa: SIM118
+    assert child.trainer.evaluator.best_return == parent.trainer.evaluator.best_return
     parent.close()
     child.close()
+
+
+def test_a_restarted_member_keeps_its_hyperparameters(tmp_path: Path) -> None:
+    """A member restarted from its checkpoint (its process died, or the population resumed) trains on with the
+    hyperparameters it had, not the config's defaults."""
+    settings = dict(TINY, algo="ppo", env=ENV, total_steps=10_000, seed=0, run_dir=str(tmp_path / "m"))
+    values = {"lr": 2e-3, "gamma": 0.95, "ent_coef": 0.05}
+    member = Member(settings, values)
+    member.train_until(128)
+    member.close()
+    again = Member(settings, values)
+    assert again.describe()["steps"] == 128
+    assert {k: again.describe()["hyperparameters"][k] for k in values} == values
+    assert again.trainer.agent.optimizer.param_groups[0]["lr"] == 2e-3
+    again.close()
+
+
+def test_a_member_whose_actions_become_nan_has_diverged(tmp_path: Path) -> None:
+    """Continuous actions of NaN parameters reach the env before any checkpoint sees them: the member reports a
+    divergence (which PBT answers with a copy), not an env error (which would stop the population)."""
+    from jaderl.core.loop import TrainingError
+
+    member = Member(dict(TINY, algo="ppo", env="jaderl/Pendulum-v1", seed=0, run_dir=str(tmp_path / "m")))
+    with torch.no_grad():
+        for p in member.trainer.agent.actor.parameters():
+            p.fill_(math.nan)
+    with pytest.raises(TrainingError, match="diverged"):
+        member.train_until(64)
+    member.close()
+
+
+def test_diverged_members_copy_and_are_never_copied() -> None:
+    inf = -math.inf
+    assert split_by_score([3.0, 1.0, 2.0, 0.0], 0.25) == ([0], [3])
+    assert split_by_score([inf, 1.0, inf, 2.0, inf, 0.7, 0.8, 0.9], 0.25) == ([3, 1], [0, 2, 4])  # 3 diverged
+    assert split_by_score([inf, inf, 5.0], 0.5) == ([2], [0, 1])
+    with pytest.raises(PopulationError, match="every member diverged"):
+        split_by_score([inf, inf], 0.5)
 
 
 def test_copies_of_one_run_retrace_each_other_unless_reseeded(tmp_path: Path) -> None:
@@ -236,8 +284,10 @@ def test_resume_after_the_driver_stopped_loses_at_most_a_period(population: tupl
     assert [(int(r["generation"]), int(r["member"])) for r in rows] == [(g, m) for g in range(4) for m in range(3)]
     assert [int(r["steps"]) for r in rows[-6:]] == [384] * 3 + [512] * 3
     assert more.generations == 4 and json.loads((pop_dir / "population.json").read_text())["generation"] == 4
-    with pytest.raises(ConfigError, match="already finished its 4 generations"):
+    with pytest.raises(ConfigError, match="already finished 4 generations; resume with --generations larger than 4"):
         resume_pbt(pop_dir)
+    with pytest.raises(ConfigError, match="already finished 4 generations"):
+        resume_pbt(pop_dir, generations=3)
 
 
 def _member_pids(busy: str = "", kinds: tuple[str, ...] = ("Member", "Standby")) -> list[int]:
@@ -372,6 +422,42 @@ def test_tournament_of_two_algorithms(local_ray: None, tmp_path: Path) -> None:
     assert all(Path(e["run_dir"], "checkpoint.json").exists() for e in board["entries"])
     assert len(list((tmp_path / "t" / "leaderboard").iterdir())) == 2  # evicted entries' copies are gone
     assert api.load(result.best_run_dir).config.algo == board["entries"][0]["algo"]
+
+
+def test_tune_pbt_keeps_the_explored_hyperparameters_and_trials_keep_their_run_directory(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What Tune's PBT does to a trainable: ``reset_config`` with the explored learning rate, then ``restore`` of the
+    copied checkpoint, which keeps the explored value. A trial started again in a new actor continues in its run
+    directory; another trial that reuses the actor gets a Trainer of its own."""
+    import ray.tune.trainable.trainable as trainable_module
+
+    from jaderl.population.tune import JaderlTrainable
+
+    monkeypatch.setattr(trainable_module, "DEFAULT_STORAGE_PATH", str(tmp_path))  # trial directories
+    config = {"algo": "ppo", "env": ENV, "period": 128, "lr": 1e-3, **TINY}  # one rollout of 4 x 32
+    trainable = JaderlTrainable(config=dict(config))
+    again = JaderlTrainable.__new__(JaderlTrainable)
+    try:
+        trainable.train()
+        checkpoint = trainable.save()
+        explored = dict(config, lr=5e-3)
+        assert trainable.reset_config(explored)
+        trainable.config = explored  # (Tune's reset sets it)
+        trainable.restore(checkpoint)
+        assert trainable.trainer.config.lr == 5e-3 == trainable.trainer.agent.optimizer.param_groups[0]["lr"]
+        assert trainable.trainer.agent.steps == 128
+        again._logdir = trainable.logdir  # a new actor for the same trial: Tune gives it the trial's directory
+        again.setup(dict(config))
+        assert again.trainer.run_dir == trainable.trainer.run_dir and again.trainer.agent.steps == 128
+        again.cleanup()
+        other = dict(config, algo="a2c", period=256, lr=7e-4)
+        for key in ("minibatch_size", "num_epochs"):  # PPO's, not A2C's
+            other.pop(key)
+        assert trainable.reset(other)  # another trial: its own directory and Trainer, in this process
+        assert trainable.trainer.config.algo == "a2c" and trainable.period == 256
+        assert trainable.trainer.run_dir == Path(trainable.logdir) / "run" != again.trainer.run_dir
+    finally:
+        trainable.stop()
 
 
 def test_tune_trainable_under_asha(local_ray: None, tmp_path: Path) -> None:
