@@ -250,7 +250,8 @@ def timed_trainable(log_path: str, base_seed: int) -> Any:
     class TimedTrainable(JaderlTrainable):  # type: ignore[misc]
         def setup(self, config: dict[str, Any]) -> None:
             config = dict(config)
-            self.member = int(config.pop("member"))
+            if "member" in config:  # (a Trainer rebuilt by reset_config, for another trial, keeps the actor's)
+                self.member = int(config.pop("member"))
             super().setup({**config, "seed": base_seed + self.member})
 
         def reset_config(self, new_config: dict[str, Any]) -> bool:

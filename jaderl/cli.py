@@ -126,18 +126,19 @@ def _add_population_parsers(sub: Any) -> None:
     pbt.add_argument("algo", nargs="?", help="algorithm name (`jaderl algos`)")
     pbt.add_argument("env", nargs="?", help="env id (`jaderl envs`) or any Gymnasium id")
     pbt.add_argument("--resume", metavar="POP_DIR", help="continue the population in POP_DIR from its last generation")
-    pbt.add_argument("--members", type=whole_number, default=8, help="members trained side by side (default 8)")
-    pbt.add_argument("--period", type=whole_number, default=20_000,
+    pbt.add_argument("--members", type=whole_number, help="members trained side by side (default 8)")
+    pbt.add_argument("--period", type=whole_number,
                      help="env steps each member trains between rankings (default 20000)")
     pbt.add_argument("--period-seconds", dest="period_s", type=float,
                      help="a period is this many seconds of each member's training time instead of --period steps")
     pbt.add_argument("--generations", type=whole_number, help="periods in all (default 10)")
-    pbt.add_argument("--quantile", type=float, default=0.25, help="the bottom fraction copies the top one (0.25)")
-    pbt.add_argument("--resample-probability", type=float, default=0.25,
+    pbt.add_argument("--quantile", type=float, help="the bottom fraction copies the top one (0.25)")
+    pbt.add_argument("--resample-probability", type=float,
                      help="chance that a copied member's hyperparameter is drawn afresh instead of perturbed (0.25)")
-    pbt.add_argument("--no-copy-buffer", dest="copy_buffer", action="store_false",
+    pbt.add_argument("--no-copy-buffer", dest="copy_buffer", action="store_const", const=False,
                      help="a copy keeps its own replay buffer instead of taking its parent's")
     _add_shared_population_flags(pbt)
+    pbt.set_defaults(seed=None)  # unset flags: the defaults of a new population, refused with --resume
     tour = sub.add_parser("tournament", help="tournament-based ensemble training on Ray: an asynchronous pool of "
                           "members and a leaderboard")
     tour.add_argument("algo", help="algorithm name, or several joined by commas (ppo,a2c)")
@@ -170,14 +171,24 @@ def _pbt(args: argparse.Namespace) -> Any:
     if args.resume:
         if args.algo or args.env or args.overrides or args.space:
             _fail("--resume takes the population's settings from POP_DIR; drop ALGO, ENV, --space and --set")
+        fixed = {"--members": args.members, "--period": args.period, "--period-seconds": args.period_s,
+                 "--quantile": args.quantile, "--resample-probability": args.resample_probability,
+                 "--no-copy-buffer": args.copy_buffer, "--seed": args.seed, "--run-dir": args.run_dir}
+        if given := [flag for flag, value in fixed.items() if value is not None]:
+            _fail(f"--resume takes the population's settings from POP_DIR; drop {', '.join(given)} (only "
+                  "--generations, --resources-per-member and --address may change)")
         return resume_pbt(args.resume, generations=args.generations, address=args.address,
                           resources=args.resources or None, progress=progress)
     if not (args.algo and args.env):
         _fail("pbt needs ALGO and ENV, e.g. `jaderl pbt ppo jaderl/CartPole-v1`, or --resume POP_DIR")
     settings = dict(parse_assignment(text) for text in args.overrides)
-    return pbt(args.algo, args.env, members=args.members, period=args.period, generations=args.generations or 10,
-               seed=args.seed, run_dir=args.run_dir, space=args.space, quantile=args.quantile,
-               resample_probability=args.resample_probability, copy_buffer=args.copy_buffer,
+    def given(value: Any, default: Any) -> Any:
+        return default if value is None else value
+
+    return pbt(args.algo, args.env, members=given(args.members, 8), period=given(args.period, 20_000),
+               generations=given(args.generations, 10), seed=given(args.seed, 0), run_dir=args.run_dir,
+               space=args.space, quantile=given(args.quantile, 0.25),
+               resample_probability=given(args.resample_probability, 0.25), copy_buffer=given(args.copy_buffer, True),
                resources=args.resources, address=args.address, period_s=args.period_s, progress=progress,
                **settings)
 

@@ -160,7 +160,7 @@ class Agent:
         x = torch.as_tensor(np.asarray(obs.cpu() if torch.is_tensor(obs) else obs), device=self.device)
         single = x.dim() == len(self.obs_shape) + (self.spec.num_agents > 1)
         x = x.unsqueeze(0) if single else x
-        action = self.act(x if self.spec.obs_dtype == "uint8" else x.float(), deterministic)
+        action = self.act(x.to(torch.uint8) if self.spec.obs_dtype == "uint8" else x.float(), deterministic)
         if not self.is_discrete and self.spec.action_low is not None:
             low, high = (torch.tensor(b, device=self.device) for b in (self.spec.action_low, self.spec.action_high))
             action = low + (action.clamp(-1.0, 1.0) + 1.0) * 0.5 * (high - low)

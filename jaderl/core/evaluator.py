@@ -139,8 +139,8 @@ class Evaluator:
         plot_learning_curve(self.rows, self.run_dir / "learning_curve.png", self.run_dir.name)
         self.last_plot = time.perf_counter()
 
-    def close(self) -> None:
-        if self.rows:
+    def close(self, plot: bool = True) -> None:
+        if plot and self.rows:
             self.plot()
         if self.tb is not None:
             self.tb.close()

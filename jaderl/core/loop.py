@@ -398,12 +398,12 @@ class Trainer:
         self.time_s += time.perf_counter() - start
         save_checkpoint(self.run_dir, self.state_dict(), self.agent.steps)
 
-    def close(self) -> None:
-        """Close the envs and the evaluator (its files, its plot); the agent stays usable."""
+    def close(self, plot: bool = True) -> None:
+        """Close the envs and the evaluator (its files, its plot unless ``plot`` is false); the agent stays usable."""
         if self.env is not None:
             self.env.close()
         if self.evaluator is not None:
-            self.evaluator.close()
+            self.evaluator.close(plot)
 
     def __enter__(self) -> Trainer:
         return self

@@ -344,8 +344,9 @@ class _Pipeline:
         self.best_return = max(self.best_return, row["eval_return_mean"])
         return row["eval_return_mean"]
 
-    def close(self) -> None:
-        """Stop every child: ask, wait, then terminate and kill what is left."""
+    def close(self, plot: bool = True) -> None:
+        """Stop every child: ask, wait, then terminate and kill what is left (the evaluator process draws the
+        curve as it ends, whatever ``plot`` says)."""
         self.shared.stop.set()
         started = [p for p in self.processes.values() if p.pid is not None]
         if "evaluator" in self.processes and self.processes["evaluator"].is_alive():

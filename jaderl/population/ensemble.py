@@ -28,7 +28,8 @@ from jaderl.envs import make_env
 from jaderl.parallel.fusion import fuse_agents
 
 FREE_SETTINGS = ("seed", "run_dir", "total_steps", "time_limit", "target_return", "eval_every", "eval_episodes",
-                 "checkpoint_every", "device", "num_threads", "compile", "env_workers", "workers", "learners")
+                 "checkpoint_every", "device", "num_threads", "compile", "env_workers", "workers", "learners",
+                 "record_every", "zoo")
 """Settings in which fused runs may differ (besides the algorithm's mutable hyperparameters); any other difference
 means networks or optimizers of another shape, or another task."""
 

@@ -166,8 +166,7 @@ class _Tournament:
         actor = self.member_cls.remote(self.member_settings(algo, name, round_), values)
         if strategy != "fresh":  # a continued member draws from its own random streams (two copies of one entry
             # would otherwise retrace each other) and takes the explored hyperparameters now (and checkpoints)
-            actor.reseed.remote(self.seed + round_)
-            actor.set_hyperparameters.remote(values)
+            self.ray.get([actor.reseed.remote(self.seed + round_), actor.set_hyperparameters.remote(values)])
         return actor, {"round": round_, "member": name, "algo": algo, "origin": strategy, "parents": parents}
 
     def run(self, pool: int, rounds: int, size: int, progress: Any) -> TournamentResult:

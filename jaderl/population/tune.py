@@ -75,7 +75,7 @@ class JaderlTrainable(tune.Trainable):  # type: ignore[misc]
         same = same and {k: new_config.get(k) for k in TRIAL_KEYS} == self.trial \
             and self.trainer.run_dir == Path(self.logdir) / "run"
         if not same:
-            self.trainer.close()
+            self.trainer.close(plot=False)  # (the other trial is paused: its curve is drawn when it ends)
             self.setup(new_config)
             return True
         if changed := {k: v for k, v in fields.items() if k in mutable and v != getattr(self.trainer.config, k)}:

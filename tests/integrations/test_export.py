@@ -126,6 +126,7 @@ def test_image_observations_stay_uint8_and_pass_the_encoder(tmp_path: Path) -> N
     agent = PPO(make_config("ppo", "CartPole-v1", device="cpu", hidden=[16]), spec, torch.device("cpu"))
     obs = np.random.default_rng(0).integers(0, 256, (5, 40, 40, 3), dtype=np.uint8)
     expected = agent.predict(obs)
+    np.testing.assert_array_equal(agent.predict(obs.astype(np.int64)), expected)  # pixels as plain integers (tolist)
     assert_same_actions(run_onnx(export_policy(agent, "onnx", tmp_path / "p.onnx"), obs), expected, False)
     assert_same_actions(run_torchscript(export_policy(agent, "torchscript", tmp_path / "p.pt"), obs), expected, False)
 

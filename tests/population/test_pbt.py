@@ -122,6 +122,15 @@ def test_a_member_whose_actions_become_nan_has_diverged(tmp_path: Path) -> None:
     member.close()
 
 
+def test_resume_refuses_settings_it_would_ignore(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["pbt", "--resume", str(tmp_path), "--members", "4", "--seed", "0", "--generations", "9"])
+    assert info.value.code == 2
+    assert capsys.readouterr().err.strip() == ("jaderl: error: --resume takes the population's settings from POP_DIR; "
+                                               "drop --members, --seed (only --generations, --resources-per-member "
+                                               "and --address may change)")
+
+
 def test_diverged_members_copy_and_are_never_copied() -> None:
     inf = -math.inf
     assert split_by_score([3.0, 1.0, 2.0, 0.0], 0.25) == ([0], [3])
