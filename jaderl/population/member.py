@@ -64,9 +64,12 @@ class Member:
             elif time_s is not None and time_s > trainer.time_s:
                 reason = trainer.run(until_time_s=time_s).stop_reason
                 score = trainer.last_eval
-            else:  # reached in an earlier attempt (a population resumed after its driver died)
-                reason, score = "period", trainer.evaluate()
-                trainer.checkpoint()
+            else:  # reached in an earlier attempt (a population resumed after its driver died): its evaluation then
+                rows = [] if trainer.evaluator is None else trainer.evaluator.rows
+                reason, score = "period", rows[-1]["eval_return_mean"] if rows else math.nan
+                if not rows or rows[-1]["step"] != trainer.agent.steps:  # (it died before evaluating)
+                    score = trainer.evaluate()
+                    trainer.checkpoint()
         except EnvError as exc:  # NaN actions (continuous ones reach the env before a NaN checkpoint): diverged too
             if exc.args != (NONFINITE_ACTIONS,):
                 raise

@@ -285,12 +285,17 @@ def test_resume_after_the_driver_stopped_loses_at_most_a_period(population: tupl
     generation no further (every member is at its target), ranks it again and writes its rows once, then trains the
     generation added."""
     pop_dir, _, _ = population
+    last = [r["score"] for r in _rows(pop_dir) if r["generation"] == "2"]
     state = json.loads((pop_dir / "population.json").read_text())
     state["generation"] = 2
     (pop_dir / "population.json").write_text(json.dumps(state))
     more = resume_pbt(pop_dir, generations=4)
     rows = _rows(pop_dir)
     assert [(int(r["generation"]), int(r["member"])) for r in rows] == [(g, m) for g in range(4) for m in range(3)]
+    assert [r["score"] for r in rows if r["generation"] == "2"] == last  # its evaluations then, not new ones
+    for member in (pop_dir / "members").iterdir():
+        steps = [line.split(",")[0] for line in (member / "metrics.csv").read_text().splitlines()[1:]]
+        assert len(steps) == len(set(steps)), f"{member.name} evaluated a step twice: {steps}"
     assert [int(r["steps"]) for r in rows[-6:]] == [384] * 3 + [512] * 3
     assert more.generations == 4 and json.loads((pop_dir / "population.json").read_text())["generation"] == 4
     with pytest.raises(ConfigError, match="already finished 4 generations; resume with --generations larger than 4"):
