@@ -4,6 +4,7 @@
     for generation g:
         every member trains to (g + 1) * period env steps side by side, evaluates, checkpoints
         rank by the evaluation's mean return; record population.csv
+        plan who copies whom and the explored values; save the plan in population.json
         each member of the bottom quantile takes the whole state of a random member of the top quantile (networks,
         optimizers, normalisers, env state, optionally its replay buffer: in memory, through the object store) and
         explores: each hyperparameter perturbed by x0.8 / x1.2 or, with ``resample_probability``, resampled
@@ -13,7 +14,8 @@
 A member whose process dies is restarted from its last checkpoint and trains its period again: on a standby process
 that has jaderl imported already (CPU-only members; a new standby starts behind it), or else in a new process on any
 node with room; one that diverges (NaN) scores -inf and is replaced by a copy of a top member. After the driver dies,
-:func:`resume_pbt` continues from the last generation committed, losing at most one period of training.
+:func:`resume_pbt` continues from the last generation committed, losing at most one period of training, or makes the
+saved plan's copies again when the driver died during them.
 """
 
 from __future__ import annotations
@@ -294,23 +296,37 @@ class _Controller:
     def _generations(self, progress: Progress | None, start: float) -> list[float]:
         config, state = self.config, self.state
         first = state["generation"]
-        rows = [r for r in read_rows(self.pop_dir) if int(r["generation"]) < first]
+        pending = state.pop("pending", None)  # the copies of generation `first`, if the driver died during them
+        rows = [r for r in read_rows(self.pop_dir)
+                if int(r["generation"]) < first or (pending is not None and int(r["generation"]) == first)]
         write_rows(self.pop_dir, rows)  # rows of a generation the driver did not commit are trained again
         scores: list[float] = []
         for g in range(first, config.generations):
-            results = self._train_all(g)
-            scores = [r["score"] for r in results]
-            infos = [self._describe(k) for k in range(config.members)]
-            for k in range(config.members):
-                rows.append(csv_row(g, k, state["members"][k]["parent"], results[k]["steps"], scores[k],
-                                    {n: infos[k]["hyperparameters"][n] for n in self.space}, infos[k]["node"]))
-            write_rows(self.pop_dir, rows)
-            parents, explored, exploit_start = list(range(config.members)), {}, time.perf_counter()
-            if g + 1 < config.generations:
-                parents, explored = self._exploit(scores, [info["hyperparameters"] for info in infos])
+            if pending is not None:  # ranked and planned already: the same copies again (copying is idempotent)
+                scores, parents, values = pending["scores"], pending["parents"], pending["hyperparameters"]
+                explored = {int(k): v for k, v in pending["explored"].items()}
+                self.rng, pending = _rng_from_json(pending["rng"]), None
+            else:
+                results = self._train_all(g)
+                scores = [r["score"] for r in results]
+                infos = [self._describe(k) for k in range(config.members)]
+                values = [{n: info["hyperparameters"][n] for n in self.space} for info in infos]
+                for k in range(config.members):
+                    rows.append(csv_row(g, k, state["members"][k]["parent"], results[k]["steps"], scores[k],
+                                        values[k], infos[k]["node"]))
+                write_rows(self.pop_dir, rows)
+                parents, explored = list(range(config.members)), {}
+                if g + 1 < config.generations:
+                    parents, explored = self._plan(scores, [info["hyperparameters"] for info in infos])
+                    # the plan is saved before any copy: a driver that dies during them redoes these copies
+                    write_json(self.pop_dir / STATE_JSON, {**state, "pending": {
+                        "scores": scores, "parents": parents, "explored": explored, "hyperparameters": values,
+                        "rng": _rng_to_json(self.rng)}})
+            exploit_start = time.perf_counter()
+            self._copy(parents, explored)
             exploit_s = time.perf_counter() - exploit_start
-            state["members"] = [{"parent": parents[k], "hyperparameters": explored.get(
-                k, {n: infos[k]["hyperparameters"][n] for n in self.space})} for k in range(config.members)]
+            state["members"] = [{"parent": parents[k], "hyperparameters": explored.get(k, values[k])}
+                                for k in range(config.members)]
             state["generation"], state["rng"] = g + 1, _rng_to_json(self.rng)
             write_json(self.pop_dir / STATE_JSON, state)  # the generation is committed
             if g + 1 == config.generations or time.perf_counter() - self.plotted_at >= PLOT_EVERY_S:
@@ -324,22 +340,25 @@ class _Controller:
             scores = [float(r["score"]) for r in rows if int(r["generation"]) == config.generations - 1]
         return scores
 
-    def _exploit(self, scores: list[float], hyperparameters: list[dict[str, float]]
-                 ) -> tuple[list[int], dict[int, dict[str, float]]]:
-        """The bottom quantile copies the top: returns each member's parent for the next generation and the explored
-        hyperparameters of the members that copied."""
-        config, ray = self.config, self.ray
+    def _plan(self, scores: list[float], hyperparameters: list[dict[str, float]]
+              ) -> tuple[list[int], dict[int, dict[str, float]]]:
+        """Who copies whom: each member's parent for the next generation (itself if it does not copy) and the
+        explored hyperparameters of the members that copy (the bottom quantile, a random member of the top each)."""
+        config = self.config
         top, bottom = split_by_score(scores, config.quantile)
         parents = list(range(config.members))
         explored: dict[int, dict[str, float]] = {}
-        calls = []
         for k in bottom:
-            parent = self.rng.choice(top)
-            parents[k] = parent
-            values = explore(self.space, hyperparameters[parent], self.rng, config.resample_probability)
-            explored[k] = values
-            state_ref = self.actors[parent].state.remote(config.copy_buffer)  # stays in the object store
-            calls.append((k, state_ref, values))
+            parents[k] = self.rng.choice(top)
+            explored[k] = explore(self.space, hyperparameters[parents[k]], self.rng, config.resample_probability)
+        return parents, explored
+
+    def _copy(self, parents: list[int], explored: dict[int, dict[str, float]]) -> None:
+        """Each member in ``explored`` takes its parent's state (through the object store) and its new
+        hyperparameters, side by side; a child or parent that dies meanwhile is restarted and the copy made again."""
+        config, ray = self.config, self.ray
+        calls = [(k, self.actors[parents[k]].state.remote(config.copy_buffer), values)  # stay in the object store
+                 for k, values in explored.items()]
         pending = {self.actors[k].exploit.remote(ref, values): k for k, ref, values in calls}
         for ref, k in pending.items():
             while True:
@@ -351,7 +370,6 @@ class _Controller:
                     self._describe(k)
                     ref = self.actors[k].exploit.remote(self.actors[parents[k]].state.remote(config.copy_buffer),
                                                         explored[k])
-        return parents, explored
 
 
 def split_by_score(scores: list[float], quantile: float) -> tuple[list[int], list[int]]:

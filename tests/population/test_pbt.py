@@ -304,6 +304,38 @@ def test_resume_after_the_driver_stopped_loses_at_most_a_period(population: tupl
         resume_pbt(pop_dir, generations=3)
 
 
+def test_a_driver_that_dies_while_members_copy_redoes_the_same_copies(local_ray: None, tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The plan of a generation's copies is saved before any copy: after the driver dies with the copies half done,
+    ``--resume`` makes the same copies (same parents, same explored values) and the population ends as one that never
+    stopped, row for row in population.csv."""
+    from jaderl.population.pbt import _Controller
+
+    settings = dict(members=3, period=128, generations=3, seed=2, space=["lr=loguniform:1e-4:1e-2"], quantile=0.34,
+                    **TINY)
+    pbt("ppo", ENV, run_dir=str(tmp_path / "whole"), **settings)
+    copy = _Controller._copy
+    calls: list[int] = []
+
+    def dies_during_the_second(self: Any, parents: list[int], explored: dict[int, dict[str, float]]) -> None:
+        calls.append(len(explored))
+        if len(calls) == 2:
+            k = next(iter(explored))
+            copy(self, parents, {k: explored[k]})  # one copy made, the others not, and nothing committed
+            raise KeyboardInterrupt
+        copy(self, parents, explored)
+
+    monkeypatch.setattr(_Controller, "_copy", dies_during_the_second)
+    with pytest.raises(KeyboardInterrupt):
+        pbt("ppo", ENV, run_dir=str(tmp_path / "stopped"), **settings)
+    state = json.loads((tmp_path / "stopped" / "population.json").read_text())
+    assert state["generation"] == 1 and "pending" in state
+    monkeypatch.setattr(_Controller, "_copy", copy)
+    resume_pbt(tmp_path / "stopped")
+    assert "pending" not in json.loads((tmp_path / "stopped" / "population.json").read_text())
+    assert _rows(tmp_path / "stopped") == _rows(tmp_path / "whole")
+
+
 def _member_pids(busy: str = "", kinds: tuple[str, ...] = ("Member", "Standby")) -> list[int]:
     """Process ids of this test process's Ray workers (not another test's) holding a population member or a standby
     (``busy``: only those inside that method; ``kinds``: only those actor classes)."""
