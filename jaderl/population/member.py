@@ -120,8 +120,9 @@ class Member:
         self.trainer.reseed(seed)
 
     def set_hyperparameters(self, values: dict[str, float]) -> None:
-        """Change hyperparameters now (recorded in the run's config.yaml) and checkpoint."""
-        self.trainer.set_hyperparameters(**values)
+        """Change hyperparameters now (those that differ, recorded in the run's config.yaml) and checkpoint."""
+        if changed := {k: v for k, v in values.items() if getattr(self.trainer.config, k) != v}:
+            self.trainer.set_hyperparameters(**changed)
         self.trainer.checkpoint()
 
     def close(self) -> None:

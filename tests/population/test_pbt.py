@@ -311,15 +311,16 @@ def test_a_driver_that_dies_while_members_copy_redoes_the_same_copies(local_ray:
     stopped, row for row in population.csv."""
     from jaderl.population.pbt import _Controller
 
-    settings = dict(members=3, period=128, generations=3, seed=2, space=["lr=loguniform:1e-4:1e-2"], quantile=0.34,
-                    **TINY)
+    settings = dict(members=4, period=128, generations=3, seed=2, space=["lr=loguniform:1e-4:1e-2"], quantile=0.5,
+                    **TINY)  # two copies a generation
     pbt("ppo", ENV, run_dir=str(tmp_path / "whole"), **settings)
     copy = _Controller._copy
     calls: list[int] = []
 
     def dies_during_the_second(self: Any, parents: list[int], explored: dict[int, dict[str, float]]) -> None:
         calls.append(len(explored))
-        if len(calls) == 2:
+        if len(calls) == 2:  # generation 1's copies
+            assert len(explored) == 2
             k = next(iter(explored))
             copy(self, parents, {k: explored[k]})  # one copy made, the others not, and nothing committed
             raise KeyboardInterrupt
@@ -468,6 +469,11 @@ def test_tournament_of_two_algorithms(local_ray: None, tmp_path: Path) -> None:
     assert all(Path(e["run_dir"], "checkpoint.json").exists() for e in board["entries"])
     assert len(list((tmp_path / "t" / "leaderboard").iterdir())) == 2  # evicted entries' copies are gone
     assert api.load(result.best_run_dir).config.algo == board["entries"][0]["algo"]
+    for path in (tmp_path / "t").rglob("config.yaml"):  # its history records changes only
+        for line in path.read_text().splitlines():
+            if line.startswith("# step"):
+                changes = [change.split(" ") for change in line.split(": ", 1)[1].split(", ")]
+                assert all(old != new for _, old, _, new in changes), f"{path}: {line}"
 
 
 def test_tune_pbt_keeps_the_explored_hyperparameters_and_trials_keep_their_run_directory(
