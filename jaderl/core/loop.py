@@ -249,9 +249,7 @@ class Trainer:
                 self.step()
                 reason = self.budget_reason(until, until_time_s)
                 reason = self._evaluate_if_due(reason)
-                if self.config.record_every and self.evaluator is not None and self.agent.steps >= self.next_record:
-                    self.next_record = (self.agent.steps // self.config.record_every + 1) * self.config.record_every
-                    VIDEO_RECORDER[0][0](self.agent, self.run_dir / "videos" / f"step-{self.agent.steps}")
+                self.record_if_due()
                 if self.coordinator is not None:
                     reason = self.coordinator.agree(reason)
                 if self.agent.steps >= self.next_checkpoint or reason:
@@ -359,6 +357,13 @@ class Trainer:
             self.agent.episodes.running.zero_()
         if self.evaluator is not None and state["evaluator"] is not None:
             self.evaluator.load_state_dict(state["evaluator"])
+
+    def record_if_due(self) -> None:
+        """Record videos of the policy into ``videos/step-N`` when ``record_every`` env steps have passed since the
+        last recording (the process that evaluates)."""
+        if self.config.record_every and self.evaluator is not None and self.agent.steps >= self.next_record:
+            self.next_record = (self.agent.steps // self.config.record_every + 1) * self.config.record_every
+            VIDEO_RECORDER[0][0](self.agent, self.run_dir / "videos" / f"step-{self.agent.steps}")
 
     def resume_from(self, state: dict[str, Any]) -> None:
         """Load a checkpoint's state, then apply the hyperparameters this run's config changes (recorded in the

@@ -169,6 +169,8 @@ class JaderlModule(pl.LightningModule):
         self.networks: nn.ModuleDict | None = None
         self.stop_reason = ""
         self._loaded_agent: Agent | None = None
+        self._epoch_eval: dict[str, float] | None = None  # the evaluation that ends the current epoch, once made
+        self._run_closed = False
 
     @classmethod
     def load_from_checkpoint(cls, checkpoint_path: str | os.PathLike[str],  # type: ignore[override]
@@ -179,7 +181,17 @@ class JaderlModule(pl.LightningModule):
         checkpoint = SafetensorsCheckpointIO().load_checkpoint(checkpoint_path)
         if "jaderl" not in checkpoint:
             raise ConfigError(f"{checkpoint_path} holds no jaderl run (it was not written by JaderlModule)")
-        module = cls(**{**checkpoint["hyper_parameters"], **kwargs})
+        saved = checkpoint["jaderl"]["config"]["algo"]
+        hparams = {**checkpoint["hyper_parameters"], **kwargs}
+        if cls.ALGO is None:  # (a Bolts name's checkpoint has no "algo": its class named it)
+            algo = hparams.setdefault("algo", saved)
+        else:
+            hparams.pop("algo", None)
+            algo = cls.algo_for(_env_id(hparams["env"])) if issubclass(cls, _BoltsModule) else cls.ALGO
+        if algo != saved:
+            raise ConfigError(f"{checkpoint_path} holds a {saved} run, and {cls.__name__} trains {algo}; load it "
+                              "with JaderlModule.load_from_checkpoint")
+        module = cls(**hparams)
         device = torch.device(map_location or "cpu")
         config = module.config.replace(device=str(device))
         probe = make_env(config.env, 1, device)
@@ -244,10 +256,14 @@ class JaderlModule(pl.LightningModule):
                 raise ConfigError(f"{type(trainer.strategy).__name__} runs {trainer.world_size} processes without "
                                   "torch.distributed; use strategy='ddp'")
             coordinator = Learners()
-            config = learner_config(config, trainer.global_rank)
+            # Lightning gave this process its own device already (root_device): only the seed and run dir change
+            config = learner_config(config, trainer.global_rank).replace(device=config.device)
             Path(config.run_dir).mkdir(parents=True, exist_ok=True)
         self.jaderl_trainer = Trainer(config, ALGOS[config.algo].agent_cls, coordinator=coordinator)
         self.networks = nn.ModuleDict(self.jaderl_trainer.agent.networks())  # seen by summaries, DDP and devices
+
+    def configure_callbacks(self) -> list[pl.Callback]:
+        return [_CloseOnException()]  # a fit that raises (or Ctrl-C) skips on_fit_end: its envs are closed there
 
     def _run_dir(self) -> str:
         """The jaderl run directory: ``run_dir`` if given, else a new ``jaderl-run`` directory beside the logs (the
@@ -285,6 +301,7 @@ class JaderlModule(pl.LightningModule):
         assert run is not None
         for _ in range(self.iterations_per_batch):
             run.step()
+            run.record_if_due()
             reason = run.budget_reason()
             if run.coordinator is not None:
                 reason = run.coordinator.agree(reason)
@@ -301,9 +318,13 @@ class JaderlModule(pl.LightningModule):
         progress = self.trainer.fit_loop.epoch_loop.manual_optimization.optim_step_progress
         progress.increment_ready()
         progress.increment_completed()
+        # the epoch's evaluation, at its last batch: a checkpoint written after that batch holds it (Lightning writes
+        # one there before on_train_epoch_end, and a run resumed from it starts the next epoch)
+        if int(batch) == self.batches_per_epoch - 1 or self.trainer.should_stop:  # (batch: its index in the epoch)
+            self._evaluate()
 
-    def on_train_epoch_end(self) -> None:
-        """Evaluate the policy (process 0; the result reaches every process) and log ``eval_return``."""
+    def _evaluate(self) -> None:
+        """Evaluate the policy (process 0; the result reaches every process) for :meth:`on_train_epoch_end` to log."""
         run = self.jaderl_trainer
         assert run is not None
         episodes = run.agent.episodes.summary()
@@ -314,11 +335,20 @@ class JaderlModule(pl.LightningModule):
             value, best = shared.tolist()
         else:
             best = run.best_return
-        self.log_dict({"eval_return": value, "best_eval_return": best, **episodes}, batch_size=1)
+        self._epoch_eval = {"eval_return": value, "best_eval_return": best, **episodes}
         target = run.config.target_return
         if target is not None and value >= target:
             self.stop_reason = "solved"
             self.trainer.should_stop = True
+
+    def on_train_epoch_end(self) -> None:
+        """Log the epoch's evaluation as ``eval_return`` (evaluating now if its last batch did not, as when Lightning's
+        ``max_steps`` ends the epoch early)."""
+        if self._epoch_eval is None:
+            self._evaluate()
+        assert self._epoch_eval is not None
+        self.log_dict(self._epoch_eval, batch_size=1)
+        self._epoch_eval = None
 
     # --- checkpoints ---
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
@@ -343,8 +373,22 @@ class JaderlModule(pl.LightningModule):
         self.jaderl_trainer.load_state_dict(state)
 
     def on_fit_end(self) -> None:
-        if self.jaderl_trainer is not None:
+        self.close_run()
+
+    def close_run(self) -> None:
+        """Close the jaderl run's envs (their worker processes) and evaluator, once: at the end of ``fit``, or when
+        it raises."""
+        if self.jaderl_trainer is not None and not self._run_closed:
+            self._run_closed = True
             self.jaderl_trainer.close()
+
+
+class _CloseOnException(pl.Callback):
+    """Closes the module's jaderl run when ``fit`` raises or is interrupted (Lightning then skips ``on_fit_end``)."""
+
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        if isinstance(pl_module, JaderlModule):
+            pl_module.close_run()
 
 
 def _env_id(env: str) -> str:

@@ -104,8 +104,8 @@ def _params(model: JaderlModule) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in model.networks.state_dict().items()}
 
 
-@pytest.mark.parametrize("algo", ["dqn", "ppo"])
-def test_resume_from_a_lightning_checkpoint_is_bit_identical(algo: str, tmp_path: Path,
+@pytest.mark.parametrize(("algo", "where"), [("dqn", "mid-epoch"), ("ppo", "mid-epoch"), ("dqn", "epoch end")])
+def test_resume_from_a_lightning_checkpoint_is_bit_identical(algo: str, where: str, tmp_path: Path,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     settings = TINY_DQN | {"use_per": True, "n_step": 2, "total_steps": 10_000} if algo == "dqn" else \
         dict(num_envs=4, horizon=16, minibatch_size=32, num_epochs=2, hidden=[32, 32], eval_every=128,
@@ -115,8 +115,9 @@ def test_resume_from_a_lightning_checkpoint_is_bit_identical(algo: str, tmp_path
     trainer = lightning_trainer(tmp_path / "whole", max_epochs=3)
     trainer.fit(whole)
     whole_rows = csv_rows(trainer)
-    # interrupted: a checkpoint in the middle of the second epoch, then a fresh module and Trainer resume it
-    mid = trainer.global_step // 2  # an iteration inside epoch 1
+    # interrupted: a checkpoint in the middle of the second epoch (or after the first epoch's last batch, which
+    # Lightning writes before the epoch ends), then a fresh module and Trainer resume it
+    mid = trainer.global_step // 2 if where == "mid-epoch" else trainer.global_step // 3
     first = JaderlModule(algo, "jaderl/CartPole-v1", **settings)
     saver = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=mid, save_top_k=-1)
     trainer = lightning_trainer(tmp_path / "first", max_steps=mid, callbacks=[saver])
@@ -146,8 +147,16 @@ def test_resume_from_a_lightning_checkpoint_is_bit_identical(algo: str, tmp_path
     columns = list(whole_rows[0])
     after = [{c: r[c] for c in columns} for r in whole_rows if r.get("step") and int(r["step"]) >= mid]
     resumed_rows = [{c: r.get(c, "") for c in columns} for r in csv_rows(trainer)]
+    if where == "epoch end":  # the first epoch's evaluation was logged by the run that wrote the checkpoint
+        after = [r for r in after if not (r["eval_return"] and int(r["epoch"]) == 0)]
     assert after and after == resumed_rows
     assert any(r.get("eval_return") for r in resumed_rows)
+    # every evaluation of the run (its metrics.csv), the one made before the checkpoint included, as in one go
+    evaluations = []
+    for run in (whole, resumed):
+        with open(run.jaderl_trainer.run_dir / "metrics.csv") as f:
+            evaluations.append([{k: v for k, v in row.items() if k != "time_s"} for row in csv.DictReader(f)])
+    assert len(evaluations[0]) == 3 and evaluations[0] == evaluations[1]
 
 
 def test_checkpoint_io_round_trip_and_refusals(tmp_path: Path) -> None:
@@ -169,6 +178,46 @@ def test_checkpoint_io_round_trip_and_refusals(tmp_path: Path) -> None:
 
 
 SAC_SETTINGS = dict(warmup_steps=50, batch_size=32, buffer_size=500, hidden=[32, 32], updates_per_step=0.25)
+
+
+def test_record_every_records_under_fit(tmp_path: Path) -> None:
+    model = JaderlModule("ppo", "jaderl/CartPole-v1", num_envs=2, horizon=32, minibatch_size=32, num_epochs=1,
+                         hidden=[16], eval_every=64, eval_episodes=1, total_steps=128, record_every=64, device="cpu",
+                         zoo=False)
+    lightning_trainer(tmp_path).fit(model)
+    assert model.jaderl_trainer is not None
+    videos = model.jaderl_trainer.run_dir / "videos"
+    assert sorted(p.parent.name for p in videos.rglob("*.mp4")) == ["step-128", "step-64"]
+
+
+def test_a_fit_that_raises_closes_the_envs_and_their_workers(tmp_path: Path) -> None:
+    from tests.conftest import _is_infrastructure, _process_tree
+
+    class Boom(L.Callback):
+        def on_train_batch_end(self, *args: Any) -> None:
+            raise RuntimeError("boom")
+
+    before = set(_process_tree())
+    model = JaderlModule("dqn", "CartPole-v1", env_workers=1, **TINY_DQN)  # Gymnasium's: one worker process
+    with pytest.raises(RuntimeError, match="boom"):
+        lightning_trainer(tmp_path, callbacks=[Boom()]).fit(model)
+    deadline = time.monotonic() + 5  # (the module is still held: nothing was garbage-collected)
+    while (left := {pid: cmd for pid, (_, cmd, ppid) in _process_tree().items()
+                    if pid not in before and not _is_infrastructure(cmd, ppid)}) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not left, f"env processes left after fit raised: {left}"
+    assert model.jaderl_trainer is not None
+
+
+def test_a_bolts_checkpoint_loads_through_jaderl_module_and_other_algorithms_are_refused(tmp_path: Path) -> None:
+    saver = ModelCheckpoint(dirpath=tmp_path / "ckpt")
+    lightning_trainer(tmp_path, max_epochs=1, callbacks=[saver]).fit(DQN("CartPole-v1", **TINY_DQN))
+    path = next((tmp_path / "ckpt").iterdir())
+    assert JaderlModule.load_from_checkpoint(path).agent.config.algo == "dqn"
+    assert DQN.load_from_checkpoint(path).agent.config.algo == "dqn"
+    with pytest.raises(ConfigError, match=r"holds a dqn run, and BOLTS_NAME trains a2c".replace(
+            "BOLTS_NAME", "AdvantageActorCritic")):
+        BOLTS_NAMES["AdvantageActorCritic"].load_from_checkpoint(path)
 
 
 @pytest.mark.parametrize("name", list(BOLTS_NAMES))
