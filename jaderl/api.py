@@ -150,7 +150,7 @@ def resume(run_dir: str | Path, /, progress: Progress | None = None, **settings:
     mutable = ALGOS[config.algo].agent_cls.hyperparameters
     allowed = (*RESUME_SETTINGS, *mutable)
     for key, value in settings.items():
-        if key in mutable:
+        if key in mutable and value != getattr(config, key):  # (a value it already has passes: it trains with it)
             mutable[key].check(key, value)
         if key not in (*allowed, "run_dir") and hasattr(config, key) and value != getattr(config, key):
             raise ConfigError(f"{key}={value!r} cannot change when resuming {run_dir}, which was started with "
@@ -269,7 +269,9 @@ def _load_checkpoint_agent(agent: Agent, run_dir: Path, meta: dict[str, Any], ha
 
 
 def evaluate(run_dir: str | Path, episodes: int = 10, seed: int = 12_345, device: str = "cpu") -> dict[str, Any]:
-    """Evaluate the best policy of ``run_dir`` deterministically over ``episodes`` episodes."""
+    """Evaluate the best policy of ``run_dir`` deterministically over ``episodes`` episodes: the mean, spread and
+    list of their returns (with several agents, team returns: every agent's summed, as metrics.csv reports them, and
+    the mean return per agent)."""
     if episodes < 1:
         raise ConfigError(f"episodes={episodes} is out of range: it must be >= 1")
     agent = load(run_dir, device=device)
@@ -278,8 +280,10 @@ def evaluate(run_dir: str | Path, episodes: int = 10, seed: int = 12_345, device
         returns, _ = run_episodes(agent, env, seed)
     finally:
         env.close()
-    return {"mean": returns.mean().item(), "std": returns.std(unbiased=False).item(), "episodes": episodes,
-            "returns": [round(r, 4) for r in returns.tolist()]}
+    team = returns.sum(-1) if returns.dim() > 1 else returns  # (episodes, agents): the team's
+    per_agent = {"mean_per_agent": returns.mean().item()} if returns.dim() > 1 else {}
+    return {"mean": team.mean().item(), "std": team.std(unbiased=False).item(), "episodes": episodes,
+            "returns": [round(r, 4) for r in team.tolist()], **per_agent}
 
 
 __all__ = ["TrainResult", "evaluate", "load", "make_config", "resume", "train"]

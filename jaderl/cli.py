@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from jaderl import api
+from jaderl.core.checkpoint import CHECKPOINT_JSON
 from jaderl.core.config import Config, ConfigError, parse_assignment
 from jaderl.core.loop import TrainingError, TrainResult
 from jaderl.envs.vec import EnvError
@@ -345,8 +346,9 @@ def _command(args: argparse.Namespace) -> int:
                   f"fused {len(args.run_dirs)} runs into {report['run_dir']}: evaluation {report['eval_return']:.2f}")
         elif args.command == "eval":
             report = api.evaluate(args.run_dir, episodes=args.episodes, device=args.device)
+            agents = f" (team return; {report['mean_per_agent']:.2f} per agent)" if "mean_per_agent" in report else ""
             print(json.dumps(_json_ready(report)) if args.json else
-                  f"{report['mean']:.2f} +- {report['std']:.2f} over {report['episodes']} episodes")
+                  f"{report['mean']:.2f} +- {report['std']:.2f} over {report['episodes']} episodes{agents}")
         elif args.command == "backtest":
             from jaderl.envs.stock import backtest
 
@@ -395,6 +397,12 @@ def _command(args: argparse.Namespace) -> int:
         return EXIT_INTERRUPTED
     except OSError as exc:  # a full disk, a lost mount: the checkpoint on disk is the last complete one
         where = f" ({exc.filename})" if exc.filename else ""
+        places = [getattr(args, "resume", None), getattr(args, "run_dir", None),
+                  exc.filename and Path(exc.filename).parent]  # where a checkpoint may be kept
+        if args.command == "train" and not any(p and (Path(p) / CHECKPOINT_JSON).exists() for p in places):
+            print(f"jaderl: error: {exc.strerror or exc}{where}; no checkpoint had been written yet, so there is "
+                  "nothing to resume: free space or fix the path and start the run again", file=sys.stderr)
+            return 1
         print(f"jaderl: error: {exc.strerror or exc}{where}; the last complete checkpoint is kept: free space or "
               "fix the path, then continue with --resume", file=sys.stderr)
         return 1

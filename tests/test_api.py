@@ -235,3 +235,13 @@ def test_api_errors(tmp_path: Path) -> None:
     assert not (tmp_path / "run").exists()
     with pytest.raises(ConfigError, match="episodes=0"):
         api.evaluate(tmp_path, episodes=0)
+
+
+def test_a_resume_may_repeat_a_setting_outside_the_hyperparameter_ranges(tmp_path: Path, tiny_ppo: Settings) -> None:
+    """gamma=0.8 is a valid config (in [0, 1]) but outside the range a search may move gamma in ([0.9, 0.9999]): the
+    run's own value passes on resume; a change is still checked against the range."""
+    run_dir = tmp_path / "run"
+    api.train("ppo", "jaderl/CartPole-v1", run_dir=str(run_dir), **tiny_ppo(gamma=0.8, total_steps=128))
+    assert api.resume(run_dir, gamma=0.8, total_steps=256).steps == 256
+    with pytest.raises(ConfigError, match=r"gamma=0.5 is out of range"):
+        api.resume(run_dir, gamma=0.5, total_steps=512)

@@ -351,10 +351,16 @@ def test_a_full_disk_is_one_line_and_exit_1(monkeypatch: pytest.MonkeyPatch, cap
         raise OSError(28, "No space left on device", str(tmp_path / "ckpt-256.safetensors.tmp"))
 
     monkeypatch.setattr("jaderl.api.train", disk_full)
+    (tmp_path / CHECKPOINT_JSON).write_text("{}")  # the run's checkpoint of step 128, say
     code, _, err = _run(["train", "ppo", ENV, "--run-dir", str(tmp_path / "run")], capsys)
     assert code == 1 and err.splitlines() == [
         f"jaderl: error: No space left on device ({tmp_path / 'ckpt-256.safetensors.tmp'}); the last complete "
         "checkpoint is kept: free space or fix the path, then continue with --resume"]
+    (tmp_path / CHECKPOINT_JSON).unlink()  # before the first checkpoint: nothing is kept, nothing to resume
+    code, _, err = _run(["train", "ppo", ENV, "--run-dir", str(tmp_path / "run")], capsys)
+    assert code == 1 and err.splitlines() == [
+        f"jaderl: error: No space left on device ({tmp_path / 'ckpt-256.safetensors.tmp'}); no checkpoint had been "
+        "written yet, so there is nothing to resume: free space or fix the path and start the run again"]
 
 
 def test_a_ctrl_c_outside_the_loop_is_one_line_and_exit_130(monkeypatch: pytest.MonkeyPatch,

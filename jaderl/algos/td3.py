@@ -106,6 +106,16 @@ class TD3(WithHTerm, OffPolicyAgent):
         super().load_counters(counters)
         self.num_updates = int(counters["num_updates"])
 
+    def state_dict(self) -> dict[str, Any]:
+        # the OU noise of every sub-env, which goes on with the episodes a resumed run continues (torch-native envs);
+        # not a running statistic: data-parallel learners each keep their own
+        return super().state_dict() | ({"ou_noise": self.ou_noise.clone()} if self.config.noise == "ou" else {})
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        if "ou_noise" in state and state["ou_noise"].shape == self.ou_noise.shape:
+            self.ou_noise = state["ou_noise"].to(self.device, copy=True)
+
     def hterm_log_prob(self, features: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
         """The Gaussian log-likelihood of the exploration noise around mu(s), up to a constant."""
         sigma2 = max(self.config.exploration_noise, 1e-3) ** 2
@@ -131,7 +141,8 @@ class TD3(WithHTerm, OffPolicyAgent):
         # OU, discretised with dt = 1 env step: x <- x - theta x + sigma eps, restarted from 0 in every new episode.
         # explore() passes no done flag, but the base class's running episode length is 0 exactly when a sub-env is
         # about to take the first step of an episode (the first call, or after an auto-reset), so that is the reset
-        # mask. A resumed run resets its envs and this count, hence the noise too: the state needs no checkpoint.
+        # mask. A run resumed on envs that restart their episodes zeroes this count, hence the noise too; one whose
+        # episodes go on (torch-native envs) takes the noise from its checkpoint (state_dict).
         new_episode = self.episodes.new_episode().unsqueeze(-1)  # (N, 1)
         self.ou_noise = torch.where(new_episode, 0.0, self.ou_noise)
         self.ou_noise += cfg.ou_sigma * white - cfg.ou_theta * self.ou_noise

@@ -88,6 +88,8 @@ def save_checkpoint(run_dir: str | Path, state: dict[str, Any], step: int) -> Pa
     tensors: dict[str, torch.Tensor] = {}
     skeleton = flatten(state, tensors)
     tensor_file = f"ckpt-{step}.safetensors"
+    if (run_dir / tensor_file).exists():  # the live checkpoint's, of the same step: it stays until the JSON moves on
+        tensor_file = f"ckpt-{step}-{os.urandom(4).hex()}.safetensors"
     _atomic_write(run_dir / tensor_file, lambda p: save_file(tensors, str(p)))
     text = json.dumps({"format": FORMAT, "tensor_file": tensor_file, "state": skeleton}, indent=1)
     _atomic_write(run_dir / CHECKPOINT_JSON, lambda p: p.write_text(text))

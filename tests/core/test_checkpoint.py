@@ -168,3 +168,27 @@ def test_floats_survive_exactly(tmp_path: Path) -> None:
     save_checkpoint(tmp_path, {"v": values}, step=0)
     loaded = load_checkpoint(tmp_path)["v"]
     assert loaded == values and math.copysign(1, loaded[-1]) == -1
+
+
+def test_a_checkpoint_of_the_same_step_never_overwrites_the_live_one(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A second checkpoint at the same step (a population member's copy, a hyperparameter change) writes its tensors
+    to another file: a process killed before the JSON commit leaves the last complete checkpoint as it was."""
+    import jaderl.core.checkpoint as checkpoint
+
+    save_checkpoint(tmp_path, {"w": torch.zeros(3)}, step=5)
+    real = checkpoint._atomic_write
+
+    def dies_before_the_json(path: Path, write: Any) -> None:
+        if path.name == CHECKPOINT_JSON:
+            raise KeyboardInterrupt
+        real(path, write)
+
+    with monkeypatch.context() as m:
+        m.setattr(checkpoint, "_atomic_write", dies_before_the_json)
+        with pytest.raises(KeyboardInterrupt):
+            save_checkpoint(tmp_path, {"w": torch.ones(3)}, step=5)
+    assert torch.equal(load_checkpoint(tmp_path)["w"], torch.zeros(3))
+    save_checkpoint(tmp_path, {"w": torch.ones(3)}, step=5)
+    assert torch.equal(load_checkpoint(tmp_path)["w"], torch.ones(3))
+    assert len(list(tmp_path.glob("ckpt-*.safetensors"))) == 1  # the unfinished one and the old one are gone

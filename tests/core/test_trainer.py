@@ -17,12 +17,15 @@ from jaderl.api import make_config
 from jaderl.core.checkpoint import CHECKPOINT_JSON, FORMAT, load_checkpoint
 from jaderl.core.config import ConfigError
 
-CASES = {  # an on-policy and an off-policy algorithm, each on a torch-native env whose state is copied
+CASES = {  # on- and off-policy algorithms, each on a torch-native env whose state is copied (and OU noise's)
     "ppo": ("jaderl/CartPole-v1", {"num_envs": 4, "horizon": 25, "minibatch_size": 50, "num_epochs": 2,
                                    "hidden": [16, 16], "normalize_obs": True,
                                    "normalize_reward": True}),
     "sac": ("jaderl/Pendulum-v1", {"num_envs": 4, "horizon": 1, "warmup_steps": 200, "batch_size": 32,
                                    "buffer_size": 5_000, "hidden": [16, 16], "n_step": 3, "updates_per_step": 0.25}),
+    "ddpg": ("jaderl/Pendulum-v1", {"num_envs": 4, "horizon": 1, "warmup_steps": 200, "batch_size": 32,
+                                    "buffer_size": 5_000, "hidden": [16, 16], "noise": "ou",  # a state per sub-env
+                                    "updates_per_step": 0.25}),
 }
 
 

@@ -235,6 +235,12 @@ def test_train_resume_load_act(algo: str, tmp_path: Path) -> None:
         action = agent.act(obs, deterministic=True)
         assert action.shape == (5, AGENTS) and not action.dtype.is_floating_point and not action.requires_grad
         env.step(action)
+    # jaderl eval: team returns (every agent's summed, as metrics.csv reports them) and the mean per agent
+    from jaderl.api import evaluate
+
+    report = evaluate(run_dir, episodes=3)
+    assert len(report["returns"]) == 3 and report["mean"] == pytest.approx(sum(report["returns"]) / 3, abs=1e-3)
+    assert report["mean_per_agent"] == pytest.approx(report["mean"] / AGENTS, rel=1e-5)
 
 
 def test_data_parallel_learners_merge_the_value_normaliser(tmp_path: Path) -> None:
