@@ -193,7 +193,11 @@ class JaderlModule(pl.LightningModule):
                               "with JaderlModule.load_from_checkpoint")
         module = cls(**hparams)
         device = torch.device(map_location or "cpu")
-        config = module.config.replace(device=str(device))
+        # the networks as the run built them: its saved config, not one resolved again (a zoo entry may change)
+        overrides = {k: getattr(module.config, k) for k in kwargs if hasattr(module.config, k)}
+        saved_config = {**checkpoint["jaderl"]["config"], **overrides}
+        config = type(module.config).from_dict(saved_config).replace(device=str(device))
+        module.config = config
         probe = make_env(config.env, 1, device)
         try:
             spec = probe.spec  # agents are built from the env's description

@@ -213,7 +213,9 @@ def test_a_bolts_checkpoint_loads_through_jaderl_module_and_other_algorithms_are
     saver = ModelCheckpoint(dirpath=tmp_path / "ckpt")
     lightning_trainer(tmp_path, max_epochs=1, callbacks=[saver]).fit(DQN("CartPole-v1", **TINY_DQN))
     path = next((tmp_path / "ckpt").iterdir())
-    assert JaderlModule.load_from_checkpoint(path).agent.config.algo == "dqn"
+    loaded = JaderlModule.load_from_checkpoint(path, eval_episodes=7)
+    saved = SafetensorsCheckpointIO().load_checkpoint(path)["jaderl"]["config"]
+    assert loaded.agent.config.to_dict() == {**saved, "eval_episodes": 7}  # as the run built it, with the override
     assert DQN.load_from_checkpoint(path).agent.config.algo == "dqn"
     with pytest.raises(ConfigError, match=r"holds a dqn run, and BOLTS_NAME trains a2c".replace(
             "BOLTS_NAME", "AdvantageActorCritic")):
