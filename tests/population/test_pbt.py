@@ -306,35 +306,36 @@ def test_resume_after_the_driver_stopped_loses_at_most_a_period(population: tupl
 
 def test_a_driver_that_dies_while_members_copy_redoes_the_same_copies(local_ray: None, tmp_path: Path,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    """The plan of a generation's copies is saved before any copy: after the driver dies with the copies half done,
-    ``--resume`` makes the same copies (same parents, same explored values) and the population ends as one that never
-    stopped, row for row in population.csv."""
+    """The plan of a generation's copies (who copies whom, the explored values) is saved before any copy: after the
+    driver dies with a copy made and nothing committed, ``--resume`` makes the planned copies, and population.csv
+    records that lineage and those values."""
     from jaderl.population.pbt import _Controller
 
-    settings = dict(members=4, period=128, generations=3, seed=2, space=["lr=loguniform:1e-4:1e-2"], quantile=0.5,
-                    **TINY)  # two copies a generation
-    pbt("ppo", ENV, run_dir=str(tmp_path / "whole"), **settings)
     copy = _Controller._copy
-    calls: list[int] = []
+    calls: list[dict[int, dict[str, float]]] = []
 
     def dies_during_the_second(self: Any, parents: list[int], explored: dict[int, dict[str, float]]) -> None:
-        calls.append(len(explored))
-        if len(calls) == 2:  # generation 1's copies
-            assert len(explored) == 2
-            k = next(iter(explored))
-            copy(self, parents, {k: explored[k]})  # one copy made, the others not, and nothing committed
+        calls.append(explored)
+        copy(self, parents, explored)  # (generation 1's copy made, its commit not)
+        if len(calls) == 2:
             raise KeyboardInterrupt
-        copy(self, parents, explored)
 
     monkeypatch.setattr(_Controller, "_copy", dies_during_the_second)
     with pytest.raises(KeyboardInterrupt):
-        pbt("ppo", ENV, run_dir=str(tmp_path / "stopped"), **settings)
-    state = json.loads((tmp_path / "stopped" / "population.json").read_text())
+        pbt("ppo", ENV, members=3, period=128, generations=3, seed=2, space=["lr=loguniform:1e-4:1e-2"],
+            quantile=0.34, run_dir=str(tmp_path / "pop"), **TINY)
+    state = json.loads((tmp_path / "pop" / "population.json").read_text())
     assert state["generation"] == 1 and "pending" in state
+    plan = state["pending"]
     monkeypatch.setattr(_Controller, "_copy", copy)
-    resume_pbt(tmp_path / "stopped")
-    assert "pending" not in json.loads((tmp_path / "stopped" / "population.json").read_text())
-    assert _rows(tmp_path / "stopped") == _rows(tmp_path / "whole")
+    resume_pbt(tmp_path / "pop")
+    assert "pending" not in json.loads((tmp_path / "pop" / "population.json").read_text())
+    rows = [r for r in _rows(tmp_path / "pop") if r["generation"] == "2"]
+    assert [int(r["parent"]) for r in rows] == plan["parents"] and len(plan["explored"]) == 1
+    for k, values in plan["explored"].items():
+        assert json.loads(rows[int(k)]["hyperparameters"]) == pytest.approx(values, rel=1e-5)
+    assert [(int(r["generation"]), int(r["member"])) for r in _rows(tmp_path / "pop")] == \
+        [(g, m) for g in range(3) for m in range(3)]
 
 
 def _member_pids(busy: str = "", kinds: tuple[str, ...] = ("Member", "Standby")) -> list[int]:
