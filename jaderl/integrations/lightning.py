@@ -324,7 +324,7 @@ class JaderlModule(pl.LightningModule):
         progress.increment_completed()
         # the epoch's evaluation, at its last batch: a checkpoint written after that batch holds it (Lightning writes
         # one there before on_train_epoch_end, and a run resumed from it starts the next epoch)
-        if int(batch) == self.batches_per_epoch - 1 or self.trainer.should_stop:  # (batch: its index in the epoch)
+        if int(batch) == self.batches_per_epoch - 1 or reason:  # (batch: its index in the epoch; reason: the run ends)
             self._evaluate()
 
     def _evaluate(self) -> None:
