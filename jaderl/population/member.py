@@ -121,7 +121,7 @@ class Member:
 
     def set_hyperparameters(self, values: dict[str, float]) -> None:
         """Change hyperparameters now (those that differ, recorded in the run's config.yaml) and checkpoint."""
-        if changed := {k: v for k, v in values.items() if getattr(self.trainer.config, k) != v}:
+        if changed := {k: v for k, v in values.items() if getattr(self.trainer.config, k, None) != v}:
             self.trainer.set_hyperparameters(**changed)
         self.trainer.checkpoint()
 

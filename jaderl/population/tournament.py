@@ -142,8 +142,9 @@ class _Tournament:
                 "seed": self.seed + round_, "total_steps": self.period * self.rounds,
                 "run_dir": str(self.pop_dir / "members" / name)}
 
-    def generate(self, round_: int, board: Any) -> tuple[Any, dict[str, Any]]:
-        """The next member (a started actor) and what it came from."""
+    def generate(self, round_: int, board: Any) -> tuple[Any, dict[str, Any], list[Any]]:
+        """The next member (a started actor), what it came from, and the refs of the calls that set it up (read when
+        its period ends, so that the driver does not wait for the new process meanwhile)."""
         name = f"t{round_:04d}"
         entries = self.ray.get(board.top.remote())
         strategy = self.rng.choices(STRATEGIES, weights=self.weights)[0] if entries else "fresh"
@@ -164,26 +165,28 @@ class _Tournament:
             fuse_runs([e["run_dir"] for e in same], target)
             values = explore(self.spaces[algo], same[0]["hyperparameters"], self.rng, 0.25)
         actor = self.member_cls.remote(self.member_settings(algo, name, round_), values)
+        setup = []
         if strategy != "fresh":  # a continued member draws from its own random streams (two copies of one entry
-            # would otherwise retrace each other) and takes the explored hyperparameters now (and checkpoints)
-            self.ray.get([actor.reseed.remote(self.seed + round_), actor.set_hyperparameters.remote(values)])
-        return actor, {"round": round_, "member": name, "algo": algo, "origin": strategy, "parents": parents}
+            # would otherwise retrace each other) and checkpoints them with the explored hyperparameters
+            setup = [actor.reseed.remote(self.seed + round_), actor.set_hyperparameters.remote(values)]
+        return actor, {"round": round_, "member": name, "algo": algo, "origin": strategy, "parents": parents}, setup
 
     def run(self, pool: int, rounds: int, size: int, progress: Any) -> TournamentResult:
         ray, start = self.ray, time.perf_counter()
         self.rounds = rounds  # a lineage trains at most one period a round
         board = leaderboard_actor(ray).remote(str(self.pop_dir), size)
-        running: dict[Any, tuple[Any, dict[str, Any]]] = {}
+        running: dict[Any, tuple[Any, dict[str, Any], list[Any]]] = {}
         started = finished = 0
         try:
             while finished < rounds:
                 while started < rounds and len(running) < pool:
-                    actor, info = self.generate(started, board)
-                    running[actor.train_for.remote(self.period)] = (actor, info)
+                    actor, info, setup = self.generate(started, board)
+                    running[actor.train_for.remote(self.period)] = (actor, info, setup)
                     started += 1
                 [ref], _ = ray.wait(list(running), num_returns=1)
-                actor, info = running.pop(ref)
+                actor, info, setup = running.pop(ref)
                 try:
+                    ray.get(setup)  # (a failure there is the member's)
                     result = ray.get(ref)
                     described = ray.get(actor.describe.remote())
                     ray.get(actor.close.remote())
@@ -202,7 +205,7 @@ class _Tournament:
                               "time_s": time.perf_counter() - start})
             entries = ray.get(board.top.remote())
         finally:  # Ctrl-C or an error: no member outlives the tournament
-            for actor, _ in running.values():
+            for actor, _, _ in running.values():
                 ray.kill(actor, no_restart=True)
             ray.kill(board, no_restart=True)
         if not entries:
