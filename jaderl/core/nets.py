@@ -55,15 +55,17 @@ class ObsNorm(nn.Module):
         if not self.enabled:
             return
         batch = obs.reshape(-1, *self.mean.shape).float()
-        n, mean, var = batch.shape[0], batch.mean(0), batch.var(0, unbiased=False)
-        delta, total = mean - self.mean, self.count + n
+        n, mean = batch.shape[0], batch.mean(0)
+        var, delta, total = (batch - mean).square_().mean(0), mean - self.mean, self.count + n  # var(0): 6x slower
         self.var.copy_((self.var * self.count + var * n + delta.square() * self.count * n / total) / total)
         self.mean.add_(delta * n / total)
         self.count.copy_(total)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        obs = obs.float()
-        return ((obs - self.mean) / (self.var + 1e-8).sqrt()).clamp(-self.clip, self.clip) if self.enabled else obs
+        if not self.enabled:
+            return obs.float()
+        scale = (self.var + 1e-8).rsqrt()  # obs * scale - mean * scale: one new tensor of obs's size, clipped in place
+        return torch.addcmul(self.mean * -scale, obs.float(), scale).clamp_(-self.clip, self.clip)
 
 
 class NatureCNN(nn.Module):

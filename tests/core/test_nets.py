@@ -184,6 +184,11 @@ def test_obs_norm_matches_all_data() -> None:
     x = torch.randn(4, 3)
     expected = ((x - mean.float()) / var.float().sqrt()).clamp(-10, 10)
     torch.testing.assert_close(norm(x), expected, rtol=0.01, atol=0.01)
+    wide = torch.randn(1000, 3) * 30  # many clipped; the input itself is left as it is
+    before = wide.clone()
+    own = ((wide - norm.mean) / (norm.var + 1e-8).sqrt()).clamp(-10, 10)
+    torch.testing.assert_close(norm(wide), own, rtol=1e-6, atol=1e-5)
+    assert torch.equal(wide, before)
 
 
 def test_obs_norm_multi_dim_and_disabled() -> None:
