@@ -234,6 +234,10 @@ class OnPolicyAgent(SDEExploration, Agent):
             group["lr"] = lr
         return {"train/lr": torch.full((), lr, device=self.device)}
 
+    def restart_episodes(self) -> None:
+        super().restart_episodes()
+        self.reward_norm.running.zero_()  # the discounted returns of episodes that will not go on
+
     def running_stats(self) -> dict[str, nn.Module | torch.Tensor]:
         # only when enabled, so that checkpoints written without it still load
         return super().running_stats() | ({"reward_norm": self.reward_norm} if self.reward_norm.enabled else {})

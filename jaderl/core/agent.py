@@ -59,8 +59,7 @@ class Agent:
     rollout policy's log-probability of the action); the trajectory keeps each step's under these names."""
     compiled_methods: ClassVar[tuple[str, ...]] = ("act",)
     """The pure functions :func:`jaderl.accel.accelerate` compiles (the optimizer steps stay eager)."""
-    hyperparameters: ClassVar[dict[str, Hyperparameter]] = {"lr": LEARNING_RATE,
-                                                           "gamma": Hyperparameter(0.9, 0.9999)}
+    hyperparameters: ClassVar[dict[str, Hyperparameter]] = {"lr": LEARNING_RATE, "gamma": Hyperparameter(0.9, 0.9999)}
     """What :meth:`set_hyperparameters` may change while the agent trains, and the valid ranges (a population's search
     space is built from them)."""
 
@@ -121,6 +120,11 @@ class Agent:
 
     def load_counters(self, counters: dict[str, Any]) -> None:
         self.steps, self.update_debt = int(counters["steps"]), float(counters["update_debt"])
+
+    def restart_episodes(self) -> None:
+        """Forget every sub-env's episode in progress: a resume whose env state could not be carried over starts
+        new episodes (subclasses also zero their own per-episode state, such as running discounted returns)."""
+        self.episodes.running.zero_()
 
     def parameters(self) -> list[torch.Tensor]:
         """Every network's parameters and floating buffers (each once)."""

@@ -354,7 +354,7 @@ class Trainer:
             self.env.load_state_dict(state["env"])
             self.agent.last_obs = state["last_obs"].to(self.device, copy=True)
         else:
-            self.agent.episodes.running.zero_()
+            self.agent.restart_episodes()
         if self.evaluator is not None and state["evaluator"] is not None:
             self.evaluator.load_state_dict(state["evaluator"])
 

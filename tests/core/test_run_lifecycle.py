@@ -228,6 +228,21 @@ def test_a_resumed_gymnasium_run_is_reproducible(tmp_path: Path) -> None:
     assert all(torch.equal(v, b["agent"]["networks"]["q_net"][k]) for k, v in a["agent"]["networks"]["q_net"].items())
 
 
+def test_a_resume_that_restarts_the_episodes_forgets_their_running_returns(tmp_path: Path) -> None:
+    """A Gymnasium env's episodes start anew on a resume: the discounted returns that scale the rewards
+    (``normalize_reward``) and the episode returns being summed restart from 0 with them."""
+    settings: dict[str, Any] = {"num_envs": 2, "horizon": 16, "hidden": [8], "minibatch_size": 16,
+                                "normalize_reward": True, "total_steps": 64, "eval_every": 10**6, "device": "cpu"}
+    jaderl.train("ppo", "CartPole-v1", run_dir=str(tmp_path / "run"), **settings)
+    saved = load_checkpoint(tmp_path / "run")["agent"]["running_stats"]["reward_norm"]["running"]
+    assert saved.abs().sum() > 0  # episodes were under way when it stopped
+    with Trainer(make_config("ppo", "CartPole-v1", run_dir=str(tmp_path / "run"), **{**settings, "total_steps": 128}),
+                 ALGOS["ppo"].agent_cls, resume=True) as trainer:
+        assert torch.equal(trainer.agent.reward_norm.running, torch.zeros(2))
+        assert torch.equal(trainer.agent.episodes.running, torch.zeros_like(trainer.agent.episodes.running))
+        assert trainer.agent.reward_norm.count.item() > 1  # the statistics themselves carry on
+
+
 def test_a_resumed_torch_env_run_continues_its_random_stream(tmp_path: Path, tiny_ppo: Settings,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """The env is rebuilt from the run's seed, then given the checkpoint's state (its sub-envs, step counters and
