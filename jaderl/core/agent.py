@@ -269,14 +269,12 @@ class Agent:
         return {"networks": {k: v.state_dict() for k, v in self.networks().items()},
                 "optimizers": {k: v.state_dict() for k, v in self.optimizers().items()},
                 "running_stats": {k: v.state_dict() if isinstance(v, nn.Module) else v
-                                  for k, v in self.running_stats().items()},
-                "counters": self.counters()}
+                                  for k, v in self.running_stats().items()}, "counters": self.counters()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        for name, network in self.networks().items():
-            network.load_state_dict(state["networks"][name])
-        for name, optimizer in self.optimizers().items():
-            optimizer.load_state_dict(state["optimizers"][name])
+        for kind in ("networks", "optimizers"):
+            for name, part in getattr(self, kind)().items():
+                part.load_state_dict(state[kind][name])
         for name, stat in self.running_stats().items():
             stat.load_state_dict(state["running_stats"][name]) if isinstance(stat, nn.Module) \
                 else stat.copy_(state["running_stats"][name])

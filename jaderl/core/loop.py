@@ -320,9 +320,13 @@ class Trainer:
         """The whole run: networks, optimizers, buffer, normalisers, counters, random streams, the env's state (when
         it has one), evaluations and hyperparameter history; tensors are the live ones (copy before changing them)."""
         env_state = None if self.env is None else self.env.state_dict()
-        next_eval = self.next_eval  # an evaluation still running (the pipeline's) is due again after a load
-        if self.evaluator is not None and self.evaluator.pending_step is not None:
-            next_eval = min(next_eval, self.evaluator.pending_step)
+        next_eval, evaluator = self.next_eval, self.evaluator
+        # an evaluation still running (the pipeline's) is due again after a load; one recorded when a Ctrl-C came
+        # before the loop set the next one is not
+        if evaluator is not None and evaluator.pending_step is not None:
+            next_eval = min(next_eval, evaluator.pending_step)
+        elif evaluator is not None and evaluator.rows and evaluator.rows[-1]["step"] >= next_eval:
+            next_eval = (evaluator.rows[-1]["step"] // self.config.eval_every + 1) * self.config.eval_every
         return {"config": self.config.to_dict(), "history": self.history, "agent": self.agent.state_dict(),
                 "counters": {"time_s": self.time_s, "next_eval": next_eval, "next_checkpoint": self.next_checkpoint},
                 "buffer": list(self.buffer.state_dict()), "rng": {"torch": self.rng[0], "cuda": self.rng[1]},

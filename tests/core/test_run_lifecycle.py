@@ -3,6 +3,7 @@ the best policy across a crash, damaged files."""
 
 from __future__ import annotations
 
+import csv
 import math
 import shutil
 from datetime import datetime
@@ -226,6 +227,31 @@ def test_a_resumed_gymnasium_run_is_reproducible(tmp_path: Path) -> None:
     a, b = load_checkpoint(tmp_path / "a"), load_checkpoint(tmp_path / "b")
     assert torch.equal(a["buffer"][0]["obs"], b["buffer"][0]["obs"])
     assert all(torch.equal(v, b["agent"]["networks"]["q_net"][k]) for k, v in a["agent"]["networks"]["q_net"].items())
+
+
+def test_a_ctrl_c_after_an_evaluations_row_is_written_does_not_repeat_it(
+        tmp_path: Path, tiny_ppo: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C while an evaluation's results are being written (here: its curve drawn, after its row): the resumed
+    run does not evaluate again before the next evaluation is due."""
+    from jaderl.core import evaluator as evaluator_module
+
+    calls: list[int] = []
+
+    def interrupted(*args: Any) -> None:
+        calls.append(1)
+        if len(calls) == 1:  # the first evaluation's curve; the one drawn when the run closes goes through
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(evaluator_module, "PLOT_EVERY_S", -1.0)  # every evaluation draws the curve
+    monkeypatch.setattr(evaluator_module, "plot_learning_curve", interrupted)
+    settings = tiny_ppo(total_steps=1024, eval_every=256)
+    result = jaderl.train("ppo", ENV, run_dir=str(tmp_path / "run"), **settings)
+    assert result.stop_reason == "interrupted" and result.steps == 256
+    monkeypatch.undo()
+    jaderl.resume(tmp_path / "run")
+    with open(tmp_path / "run" / "metrics.csv", newline="") as f:
+        steps = [int(row["step"]) for row in csv.DictReader(f)]
+    assert steps == [256, 512, 768, 1024], steps  # not also 384, the resumed run's first rollout
 
 
 def test_a_resume_that_restarts_the_episodes_forgets_their_running_returns(tmp_path: Path) -> None:
