@@ -88,6 +88,10 @@ class MAPPOConfig(OnPolicyConfig):
                               f"horizon = {rollout} sub-env steps); lower it or collect more")
         super().validate()
 
+    def advantage_batch(self) -> tuple[int, str]:
+        # standardised per minibatch: MAPPO's one team advantage per sub-env step, IPPO's one per agent (2 or more)
+        return self.minibatch_size * (1 if self.centralised_critic else 2), "minibatch_size"
+
 
 class MAPPO(MultiAgent, OnPolicyAgent):
     """MAPPO (centralised critic) and IPPO (decentralised critic) with a parameter-shared actor."""

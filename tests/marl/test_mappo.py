@@ -201,6 +201,11 @@ def test_refuses_single_agent_envs_and_checks_its_settings() -> None:
         make_config("mappo", ENV, num_envs=4, horizon=25, workers=2, minibatch_size=250)
     with pytest.raises(ConfigError, match="cannot train on jaderl/CartPole-v1"):
         train("mappo", "jaderl/CartPole-v1", device="cpu", total_steps=100)
+    # MAPPO standardises one team advantage per sub-env step of a minibatch: one alone has no standard deviation
+    with pytest.raises(ConfigError, match=r"normalize_advantages=true needs .* \(minibatch_size = 1"):
+        make_config("mappo", ENV, num_envs=2, horizon=5, minibatch_size=1)
+    make_config("ippo", ENV, num_envs=2, horizon=5, minibatch_size=1)  # IPPO: one advantage per agent
+    make_config("mappo", ENV, num_envs=2, horizon=5, minibatch_size=1, normalize_advantages=False)
 
 
 def test_registry_presets_and_hyperparameter_ranges() -> None:
