@@ -268,22 +268,31 @@ def _load_checkpoint_agent(agent: Agent, run_dir: Path, meta: dict[str, Any], ha
                                 f"({reason}); {fix}") from None
 
 
-def evaluate(run_dir: str | Path, episodes: int = 10, seed: int = 12_345, device: str = "cpu") -> dict[str, Any]:
-    """Evaluate the best policy of ``run_dir`` deterministically over ``episodes`` episodes: the mean, spread and
-    list of their returns (with several agents, team returns: every agent's summed, as metrics.csv reports them, and
-    the mean return per agent)."""
+def evaluate(run_dir: str | Path, episodes: int = 10, seed: int = 12_345, device: str = "cpu",
+             best: bool = True) -> dict[str, Any]:
+    """Evaluate the best policy of ``run_dir`` (or its last state: ``best=False``, or a run without a best policy)
+    deterministically over ``episodes`` episodes: the mean, spread and list of their returns, and ``policy``, which
+    was evaluated ("best" or "last"). With several agents the returns are team returns (every agent's summed, as
+    metrics.csv reports them), and ``mean_per_agent`` is the mean return per agent; with agents of several kinds
+    (simple_tag's predators and prey), ``teams`` holds each kind's mean summed return. Runs of such games keep no
+    best policy: their summed return does not rank policies."""
     if episodes < 1:
         raise ConfigError(f"episodes={episodes} is out of range: it must be >= 1")
-    agent = load(run_dir, device=device)
+    agent = load(run_dir, best=best, device=device)
     env = make_env(agent.config.env, episodes, agent.device, seed=seed)
     try:
         returns, _ = run_episodes(agent, env, seed)
+        kinds = list(env.teams)
     finally:
         env.close()
     team = returns.sum(-1) if returns.dim() > 1 else returns  # (episodes, agents): the team's
-    per_agent = {"mean_per_agent": returns.mean().item()} if returns.dim() > 1 else {}
+    extra: dict[str, Any] = {"mean_per_agent": returns.mean().item()} if returns.dim() > 1 else {}
+    if len(set(kinds)) > 1:
+        extra["teams"] = {kind: returns[:, [i for i, k in enumerate(kinds) if k == kind]].sum(-1).mean().item()
+                          for kind in dict.fromkeys(kinds)}
+    policy = "best" if best and (Path(run_dir) / BEST_POLICY).exists() else "last"
     return {"mean": team.mean().item(), "std": team.std(unbiased=False).item(), "episodes": episodes,
-            "returns": [round(r, 4) for r in team.tolist()], **per_agent}
+            "returns": [round(r, 4) for r in team.tolist()], "policy": policy, **extra}
 
 
 __all__ = ["TrainResult", "evaluate", "load", "make_config", "resume", "train"]

@@ -78,10 +78,12 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--no-zoo", dest="zoo", action="store_false", default=None,
                        help="train with the algorithm's defaults, not the zoo's tuned settings for this env")
     train.add_argument("--json", action="store_true", help="print the result as one JSON object on the last line")
-    evaluate = sub.add_parser("eval", help="evaluate the best policy of a run")
+    evaluate = sub.add_parser("eval", help="evaluate the best policy of a run (its last state for a game between "
+                              "teams, whose runs keep no best policy)")
     evaluate.add_argument("run_dir")
     evaluate.add_argument("--episodes", type=whole_number, default=10)
     evaluate.add_argument("--device", default="cpu")
+    evaluate.add_argument("--last", action="store_true", help="evaluate the last checkpoint's policy, not the best")
     evaluate.add_argument("--json", action="store_true")
     backtest = sub.add_parser("backtest", help="backtest the best policy of a jaderl/StockTrading-v0 run against "
                               "buy-and-hold on the dates after its split")
@@ -345,10 +347,13 @@ def _command(args: argparse.Namespace) -> int:
             print(json.dumps(_json_ready(report)) if args.json else
                   f"fused {len(args.run_dirs)} runs into {report['run_dir']}: evaluation {report['eval_return']:.2f}")
         elif args.command == "eval":
-            report = api.evaluate(args.run_dir, episodes=args.episodes, device=args.device)
-            agents = f" (team return; {report['mean_per_agent']:.2f} per agent)" if "mean_per_agent" in report else ""
+            report = api.evaluate(args.run_dir, episodes=args.episodes, device=args.device, best=not args.last)
+            teams = "".join(f"; {kind} {value:.2f}" for kind, value in report.get("teams", {}).items())
+            agents = (f" (team return; {report['mean_per_agent']:.2f} per agent{teams})" if "mean_per_agent" in report
+                      else "")
             print(json.dumps(_json_ready(report)) if args.json else
-                  f"{report['mean']:.2f} +- {report['std']:.2f} over {report['episodes']} episodes{agents}")
+                  f"{report['mean']:.2f} +- {report['std']:.2f} over {report['episodes']} episodes{agents}, "
+                  f"{report['policy']} policy")
         elif args.command == "backtest":
             from jaderl.envs.stock import backtest
 

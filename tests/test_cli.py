@@ -125,9 +125,11 @@ def test_eval_json(trained_run: tuple[Path, dict[str, Any]], capsys: pytest.Capt
     report = json.loads(out.splitlines()[-1])
     assert {"mean", "std", "episodes"} <= set(report)
     assert report["episodes"] == 3 and len(report["returns"]) == 3
-    assert report["mean"] >= 1 and report["std"] >= 0
+    assert report["mean"] >= 1 and report["std"] >= 0 and report["policy"] == "best"
     code, out, _ = _run(["eval", str(run_dir), "--episodes", "3"], capsys)
-    assert code == 0 and "over 3 episodes" in out and f"{report['mean']:.2f}" in out
+    assert code == 0 and "over 3 episodes" in out and f"{report['mean']:.2f}" in out and "best policy" in out
+    code, out, _ = _run(["eval", str(run_dir), "--episodes", "3", "--last"], capsys)  # the last checkpoint's
+    assert code == 0 and out.strip().endswith("last policy")
 
 
 def test_algos_and_envs(capsys: pytest.CaptureFixture[str]) -> None:

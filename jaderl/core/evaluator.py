@@ -128,8 +128,9 @@ class Evaluator:
         self.tb.flush()
         if row["eval_return_mean"] > self.best_return:
             self.best_return = row["eval_return_mean"]
-            save_tensors(self.run_dir / BEST_POLICY, agent.policy_state_dict(),  # what it scored, and when
-                         {"step": str(step), "eval_return_mean": repr(self.best_return)})
+            if len(self.teams) < 2:  # teams playing against each other: their summed return does not rank policies
+                save_tensors(self.run_dir / BEST_POLICY, agent.policy_state_dict(),  # what it scored, and when
+                             {"step": str(step), "eval_return_mean": repr(self.best_return)})
         if time.perf_counter() - self.last_plot > PLOT_EVERY_S:
             self.plot()
         return row

@@ -141,11 +141,8 @@ class Trainer:
         torch.set_num_threads(config.num_threads)
         self.config, self.progress, self.coordinator = config, progress, coordinator
         self.device = resolve_device(config.device)
-        outer = rng_state(self.device)
-        torch.manual_seed(config.seed)
-        self.rng = rng_state(self.device)
-        set_rng_state(self.device, outer)
         self.env: VecEnv | None = None
+        self.reseed(config.seed)  # this run's own random streams, from its seed
         self.evaluator: Evaluator | None = None
         if config.record_every:  # before anything is made: a missing package is one sentence naming the extra
             if not VIDEO_RECORDER:

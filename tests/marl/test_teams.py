@@ -11,7 +11,7 @@ import torch
 
 from jaderl.api import ALGOS, make_config
 from jaderl.envs import make_env
-from tests.test_cli import _subprocess
+from tests.test_cli import _run, _subprocess
 
 TEAM_REWARD = ["mappo", "qmix", "vdn"]
 OWN_REWARD = ["ippo", "iql", "maddpg", "matd3"]
@@ -46,3 +46,22 @@ def test_the_command_prints_the_warning_as_one_line(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     lines = [line for line in proc.stderr.splitlines() if "warning" in line.lower()]
     assert lines == [line for line in lines if line.startswith("jaderl: warning: vdn learns the sum")] and lines
+
+
+def test_a_game_between_teams_keeps_no_best_policy_and_eval_reports_each_team(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The summed return of predators and prey ranks nothing (a catch adds 30 for the predators and takes 10 from
+    the prey), so such a run keeps no best policy: `jaderl eval` and `jaderl.load` take its last state, and the
+    evaluation reports each team's return beside the sum."""
+    from jaderl.api import evaluate, train
+    from jaderl.core.evaluator import BEST_POLICY
+
+    run_dir = tmp_path / "tag"
+    train("ippo", "jaderl/simple_tag", run_dir=str(run_dir), device="cpu", num_envs=4, horizon=25,
+          minibatch_size=50, hidden=[8, 8], total_steps=200, eval_every=100, eval_episodes=2)
+    assert not (run_dir / BEST_POLICY).exists()
+    report = evaluate(run_dir, episodes=3)
+    assert report["policy"] == "last" and set(report["teams"]) == {"adversary", "agent"}
+    assert sum(report["teams"].values()) == pytest.approx(report["mean"], abs=1e-3)
+    code, out, err = _run(["eval", str(run_dir), "--episodes", "2"], capsys)
+    assert code == 0 and "; adversary " in out and "; agent " in out and out.strip().endswith("last policy"), err
