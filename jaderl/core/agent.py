@@ -121,6 +121,10 @@ class Agent:
     def load_counters(self, counters: dict[str, Any]) -> None:
         self.steps, self.update_debt = int(counters["steps"]), float(counters["update_debt"])
 
+    def observe(self, traj: Batch) -> None:
+        """Take an explored trajectory (T, N, ...) into the running statistics (off-policy agents, as it comes)."""
+        self.obs_norm.update(traj["obs"])
+
     def restart_episodes(self) -> None:
         """Forget every sub-env's episode in progress: a resume whose env state could not be carried over starts
         new episodes (subclasses also zero their own per-episode state, such as running discounted returns)."""
@@ -207,7 +211,7 @@ class Agent:
         self.episodes.track(traj["reward"], traj["terminated"] | traj["truncated"])
         self.steps += horizon * self.num_envs
         if not self.on_policy:  # on-policy agents update it after learning, so old log-probs stay exact
-            self.obs_norm.update(traj["obs"])
+            self.observe(traj)
         traj["reward"] = (traj["reward"].sign() if self.config.clip_rewards else traj["reward"]) \
             * self.config.reward_scale
         return traj

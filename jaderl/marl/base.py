@@ -18,7 +18,10 @@ import warnings
 from typing import Any
 
 import torch
+from torch import nn
 
+from jaderl.core.buffers import Batch
+from jaderl.core.nets import ObsNorm
 from jaderl.envs.vec import EnvSpec
 
 
@@ -34,11 +37,22 @@ class MultiAgent:
         self.state_dim = int(torch.tensor(self.spec.state_shape or (0,)).prod())
         self.agent_ids = torch.eye(self.num_agents, device=device)  # (agents, agents)
         self.obs_dim += self.num_agents  # the networks read the observation features and the id
+        # the global state normalised like the observations (normalize_obs), for the centralised critics and mixers
+        self.state_norm = ObsNorm((self.state_dim,), config.normalize_obs).to(device)
         if self.learns_team_reward() and len(teams := dict.fromkeys(self.spec.teams)) > 1:
             warnings.warn(f"{config.algo or type(self).__name__} learns the sum of every agent's reward, and "
                           f"{config.env or 'this env'} has agents of {len(teams)} kinds ({', '.join(teams)}): in a "
                           "game between teams that sum is no team's goal, so use ippo, iql, maddpg or matd3, which "
                           "learn each agent's own reward", stacklevel=2)
+
+    def running_stats(self) -> dict[str, nn.Module | torch.Tensor]:
+        # only when enabled, so that checkpoints written without it still load
+        stats: dict[str, nn.Module | torch.Tensor] = super().running_stats()  # type: ignore[misc]
+        return stats | ({"state_norm": self.state_norm} if self.state_norm.enabled else {})
+
+    def observe(self, traj: Batch) -> None:
+        super().observe(traj)  # type: ignore[misc]
+        self.state_norm.update(traj["state"])
 
     def learns_team_reward(self) -> bool:
         """Whether this agent learns the team reward (every agent's summed) rather than each agent's own."""

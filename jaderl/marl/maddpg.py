@@ -125,13 +125,13 @@ class MADDPG(MultiAgent, TD3):
     def td_target(self, batch: Batch) -> torch.Tensor:
         """y_i = r_i + discount (1 - terminated) min_e Q_target_e,i(s', a') for a batch (B, ...): (B, A)."""
         next_action = self.target_action(self.features(batch["next_obs"])).flatten(1)  # (B, A * action_dim)
-        next_q = self.critic_target(batch["next_state"], next_action).min(0).values  # (B, A)
+        next_q = self.critic_target(self.state_norm(batch["next_state"]), next_action).min(0).values  # (B, A)
         return batch["reward"] + (batch["discount"] * ~batch["terminated"]).unsqueeze(-1) * next_q
 
     def critic_loss(self, obs: torch.Tensor, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Step 1's loss (importance-weighted under prioritized replay), the values Q_e,i (E, B, A) and the TD errors
         |Q_e,i - y_i| averaged over agents (E, B); the critics read the state, not the features ``obs``."""
-        q = self.critic(batch["state"], self.stored_action(batch).flatten(1))  # (E, B, A)
+        q = self.critic(self.state_norm(batch["state"]), self.stored_action(batch).flatten(1))  # (E, B, A)
         td_error = q - self.td_target(batch)
         loss = self.weighted_mean(td_error.square().sum(0).mean(-1), batch)
         return loss, q.detach(), td_error.detach().abs().mean(-1)
@@ -145,7 +145,7 @@ class MADDPG(MultiAgent, TD3):
         # output i of row i
         joint = torch.where(self.same_agent, policy.unsqueeze(1), self.stored_action(self.replayed).unsqueeze(1))
         b, a = joint.shape[:2]
-        state = self.replayed["state"].unsqueeze(1).expand(b, a, -1)
+        state = self.state_norm(self.replayed["state"]).unsqueeze(1).expand(b, a, -1)
         q = self.critic(state.flatten(0, 1), joint.flatten(2).flatten(0, 1), members=0, frozen=True)  # (1, B A, A)
         q = q.view(b, a, a).diagonal(dim1=1, dim2=2)  # (B, A)
         penalty = self.config.actor_reg * out.square().mean() if self.is_discrete else 0.0

@@ -110,8 +110,7 @@ class MAPPO(MultiAgent, OnPolicyAgent):
         critic_in = self.state_dim if config.centralised_critic else self.obs_dim
         self.critic = mlp([critic_in, *config.hidden, 1], ACTIVATIONS[config.activation], out_gain=1.0).to(device)
         self.optimizer.add_param_group({"params": list(self.critic.parameters())})
-        # normalise the state like the observations (normalize_obs); values by the targets' running statistics
-        self.state_norm = ObsNorm((self.state_dim,), config.normalize_obs).to(device)
+        # values normalised by the targets' running statistics (the state like the observations: MultiAgent)
         self.value_norm = ObsNorm((1,), config.normalize_values, clip=math.inf).to(device)
 
     def learns_team_reward(self) -> bool:

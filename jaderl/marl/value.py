@@ -192,7 +192,7 @@ class QMIX(MultiAgent, OffPolicyAgent):
         """The team value (B,) of the agents' values (B, agents): QMIX's mixer (or its target), or their sum."""
         if self.mixer is None:
             return agent_q.sum(-1)
-        return (self.mixer_target if target else self.mixer)(agent_q, state)
+        return (self.mixer_target if target else self.mixer)(agent_q, self.state_norm(state))
 
     def q_loss(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The TD loss on a batch (B, ...), the learned values (B,) or (B, agents) (IQL) and the TD errors (B,)."""

@@ -317,7 +317,7 @@ class _Pipeline:
         self.agent.episodes.add(sum(p[1] for p in parts))
         self.agent.steps += traj["reward"].shape[0] * traj["reward"].shape[1]
         if not self.agent.on_policy:  # what explore() does in one process
-            self.agent.obs_norm.update(traj["obs"])
+            self.agent.observe(traj)
         return traj
 
     def request(self, agent: Agent, step: int, time_s: float, stats: dict[str, float]) -> None:

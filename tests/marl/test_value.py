@@ -288,3 +288,25 @@ def test_train_resume_load_act(algo: str, extra: dict[str, Any], tmp_path: Path)
         assert int(action.min()) >= 0 and int(action.max()) < ACTIONS
         env.step(action)
         env.close()
+
+
+@pytest.mark.parametrize("algo", ["qmix", "maddpg"])
+def test_normalize_obs_also_normalises_the_state_the_centralised_parts_read(algo: str, tmp_path: Path) -> None:
+    """QMIX's mixer and MADDPG's critics read the global state through a normaliser of their own, kept from every
+    explored step and checkpointed, as MAPPO's critic does (``normalize_obs``)."""
+    run_dir = tmp_path / algo
+    train(algo, ENV, run_dir=str(run_dir), num_envs=4, hidden=[16], total_steps=128, warmup_steps=32, batch_size=16,
+          buffer_size=500, eval_every=128, eval_episodes=1, device="cpu", seed=1, normalize_obs=True)
+    stats = load_checkpoint(run_dir)["agent"]["running_stats"]
+    assert stats["state_norm"]["count"].item() == pytest.approx(128, abs=1e-3)  # every explored sub-env step
+    assert stats["obs_norm"]["count"].item() == pytest.approx(128 * AGENTS, abs=1e-3)  # every agent's observation
+    agent = load(run_dir, best=False)
+    torch.testing.assert_close(agent.state_norm.mean, stats["state_norm"]["mean"])
+    state = agent.state_norm.mean.expand(5, -1)
+    assert agent.state_norm(state).abs().max() < 1e-5  # the mean state reads as zeros
+    if algo == "qmix":
+        q = torch.randn(5, AGENTS)
+        torch.testing.assert_close(agent.mix(q, state), agent.mixer(q, agent.state_norm(state)))
+    off = train(algo, ENV, run_dir=str(tmp_path / "off"), num_envs=4, hidden=[16], total_steps=64, warmup_steps=32,
+                batch_size=16, buffer_size=500, eval_every=64, eval_episodes=1, device="cpu", seed=1)
+    assert "state_norm" not in load_checkpoint(off.run_dir)["agent"]["running_stats"]  # off by default, as before
