@@ -37,6 +37,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar
@@ -332,7 +333,9 @@ class JaderlModule(pl.LightningModule):
         run = self.jaderl_trainer
         assert run is not None
         episodes = run.agent.episodes.summary()
+        start = time.perf_counter()
         value = run.evaluate() if run.evaluator is not None else math.nan
+        run.time_s += time.perf_counter() - start  # the evaluation counts as training time, as in jaderl train
         if run.coordinator is not None:
             shared = torch.tensor([value, run.best_return], dtype=torch.float64, device=run.device)
             dist.broadcast(shared, src=0)

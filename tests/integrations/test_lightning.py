@@ -27,6 +27,7 @@ from lightning.pytorch.loggers import CSVLogger
 from safetensors import safe_open
 
 from jaderl.core.config import Config, ConfigError
+from jaderl.core.loop import Trainer
 from jaderl.integrations.lightning import (
     BOLTS_NAMES,
     DQN,
@@ -85,6 +86,25 @@ def test_fit_logs_metrics_and_stops_at_the_budget(tmp_path: Path) -> None:
     assert loaded.agent.predict(obs) == model.agent.predict(obs)
     with pytest.raises(ConfigError, match="trained already"):  # a run goes on through a checkpoint, not a 2nd fit
         lightning_trainer(tmp_path / "again").fit(model)
+
+
+def test_time_limit_counts_the_evaluations_as_jaderl_train_does(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    evaluate = Trainer.evaluate
+
+    def slow(self: Trainer) -> float:  # an evaluation of 3 s: two of them pass the 5 s limit
+        value = evaluate(self)
+        time.sleep(3.0)
+        return value
+
+    monkeypatch.setattr(Trainer, "evaluate", slow)
+    model = JaderlModule("dqn", "jaderl/CartPole-v1", **{**TINY_DQN, "time_limit": 5.0})
+    trainer = lightning_trainer(tmp_path)
+    trainer.fit(model)
+    assert model.stop_reason == "time_limit" and 400 <= model.agent.steps < 600
+    with open(Path(trainer.logger.log_dir) / "jaderl-run" / "metrics.csv") as f:
+        times = [float(r["time_s"]) for r in csv.DictReader(f)]
+    assert times[1] >= 3.0  # the second evaluation's training time holds the first one's 3 s
 
 
 def test_eval_return_drives_model_checkpoint_and_early_stopping(tmp_path: Path) -> None:
