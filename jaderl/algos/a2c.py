@@ -31,7 +31,7 @@ class A2CConfig(OnPolicyConfig):
     """A2C settings; the defaults follow Stable-Baselines3 / RL-Zoo (RMSprop, 5-step returns)."""
 
     num_envs: int = param(16, "sub-envs stepped in one batch", low=1)
-    horizon: int = param(5, "steps each sub-env takes per rollout: n of the n-step returns", low=1)
+    horizon: int = param(5, "steps each sub-env takes per rollout: n of the n-step returns", low=1, high=100_000)
     lr: float = param(7e-4, "learning rate", low=0.0, open_low=True)
     optimizer: str = param("rmsprop", "rmsprop (as in the paper, alpha=0.99, eps=1e-5) or adam (eps=1e-5)")
     gae_lambda: float = param(1.0, "GAE lambda; 1 gives n-step returns", low=0.0, high=1.0)

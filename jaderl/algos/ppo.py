@@ -46,7 +46,7 @@ class PPOConfig(OnPolicyConfig, HTermConfig):
     """PPO settings; the defaults suit small control tasks with a few hundred parallel sub-envs."""
 
     num_envs: int = param(64, "sub-envs stepped in one batch", low=1)
-    horizon: int = param(32, "steps each sub-env takes per rollout", low=1)
+    horizon: int = param(32, "steps each sub-env takes per rollout", low=1, high=100_000)
     lr: float = param(3e-4, "Adam learning rate", low=0.0, open_low=True)
     num_epochs: int = param(10, "passes over each rollout", low=1)
     minibatch_size: int = param(512, "transitions per gradient step (each epoch reshuffles the rollout and leaves "

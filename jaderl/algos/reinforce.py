@@ -59,7 +59,7 @@ class ReinforceConfig(OnPolicyConfig):
 
     num_envs: int = param(16, "sub-envs stepped in one batch", low=1)
     horizon: int = param(512, "steps each sub-env takes per rollout; without a baseline keep it >> 1 / (1 - gamma)",
-                         low=1)
+                         low=1, high=100_000)
     lr: float = param(3e-3, "Adam learning rate", low=0.0, open_low=True)
     baseline: bool = param(False, "learn a value baseline V(s): A = G - V(s), and bootstrap cut returns from V")
     vf_coef: float = param(0.5, "value loss weight (with a baseline)", low=0.0)

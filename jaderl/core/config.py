@@ -47,7 +47,7 @@ class Config:
     num_envs: int = param(1, "sub-envs stepped in one batch", low=1)
     env_workers: int = param(0, "worker processes stepping a Gymnasium env's sub-envs through shared memory "
                              "alongside this one (0: all in this process; torch-native envs ignore it)", low=0)
-    horizon: int = param(1, "steps each sub-env takes per explore() call", low=1)
+    horizon: int = param(1, "steps each sub-env takes per explore() call", low=1, high=100_000)
     total_steps: int = param(100_000, "stop after this many env steps (all sub-envs counted)", low=1)
     target_return: float | None = param(None, "stop once an evaluation's mean return reaches this")
     time_limit: float | None = param(None, "stop after this many seconds of training", low=0, open_low=True)

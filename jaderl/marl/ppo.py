@@ -60,7 +60,8 @@ class MAPPOConfig(OnPolicyConfig):
     the local optimum where the agents gather between the landmarks (about -54 team return, seeds 0-2)."""
 
     num_envs: int = param(1024, "sub-envs stepped in one batch", low=1)
-    horizon: int = param(25, "steps each sub-env takes per rollout (simple_spread: one whole episode)", low=1)
+    horizon: int = param(25, "steps each sub-env takes per rollout (simple_spread: one whole episode)", low=1,
+                         high=100_000)
     total_steps: int = param(2_000_000, "stop after this many env steps (all sub-envs counted)", low=1)
     eval_every: int = param(100_000, "evaluate every this many env steps", low=1)
     lr: float = param(0.01, "Adam learning rate of the actor and the critic", low=0.0, open_low=True)

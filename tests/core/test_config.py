@@ -95,6 +95,8 @@ def test_infinite_policy_settings_are_rejected_before_a_run_starts() -> None:
     (SACConfig, "num_critics", 0, ">= 1"),
     (DQNConfig, "epsilon_end", 1.5, "<= 1.0"),
     (DQNConfig, "warmup_steps", -5, ">= 0"),
+    (PPOConfig, "horizon", 10**20, "<= 100000"),  # a rollout is held in memory: this one would grow without end
+    (Config, "horizon", 100_001, "<= 100000"),
 ])
 def test_out_of_range_names_field_and_range(cls: type[Config], field: str, value: float, accepted: str) -> None:
     with pytest.raises(ConfigError) as info:
