@@ -312,7 +312,8 @@ class CacheBlocked(nn.Sequential):
     """Rows of float32 activations of the widest layer that fit :func:`block_bytes` (set at the first call)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        if torch.compiler.is_compiling() or x.device.type != "cpu" or x.dim() < 2:  # no guard on a traced size
+        if torch.compiler.is_compiling() or torch.jit.is_tracing() or x.device.type != "cpu" or x.dim() < 2:
+            # no guard on a traced size: compiled and exported graphs run unblocked
             return super().forward(x)
         if self.max_rows is None:
             width = max((m.out_features for m in self if isinstance(m, nn.Linear)), default=1)

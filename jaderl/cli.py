@@ -402,6 +402,10 @@ def _command(args: argparse.Namespace) -> int:
         return EXIT_INTERRUPTED
     except OSError as exc:  # a full disk, a lost mount: the checkpoint on disk is the last complete one
         where = f" ({exc.filename})" if exc.filename else ""
+        if args.command not in ("train", "pbt", "tournament"):  # nothing trained: there is nothing to resume
+            print(f"jaderl: error: {exc.strerror or exc}{where}; fix the path (or free space) and run the command "
+                  "again", file=sys.stderr)
+            return 1
         places = [getattr(args, "resume", None), getattr(args, "run_dir", None),
                   exc.filename and Path(exc.filename).parent]  # where a checkpoint may be kept
         if args.command == "train" and not any(p and (Path(p) / CHECKPOINT_JSON).exists() for p in places):

@@ -27,6 +27,8 @@ from jaderl.core.config import ConfigError
 
 FORMATS = {"onnx": "policy.onnx", "torchscript": "policy.pt"}
 """The export formats and the file each is written to in a run directory when no path is given."""
+SUFFIXES = {"onnx": (".onnx",), "torchscript": (".pt", ".pth")}
+"""The file suffixes of each format: an existing file is overwritten only when it has one of them."""
 
 INPUT_NAME, OUTPUT_NAME = "obs", "action"
 """The names of the ONNX graph's input and output."""
@@ -88,9 +90,14 @@ def export_policy(agent: Agent, format: str, out: str | Path) -> Path:
         raise ConfigError(f"format={format!r} is not supported; choose one of: {', '.join(FORMATS)}")
     if format == "onnx":  # torch's ONNX exporter is written in onnxscript
         require(("onnx", "onnxscript"), "exporting to ONNX", "export")
+    out = Path(out)
+    if out.is_dir():
+        raise ConfigError(f"{out} is a directory; give the file to write, such as {out / FORMATS[format]}")
+    if out.exists() and out.suffix not in SUFFIXES[format]:  # an earlier export is replaced; anything else is kept
+        raise ConfigError(f"{out} exists and is not an earlier export (a {' or '.join(SUFFIXES[format])} file); "
+                          "remove it or give another path")
     policy = DeployedPolicy(agent).eval()
     example = example_observations(agent)
-    out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     if format == "onnx":
         program = torch.export.export(policy, (example,), dynamic_shapes=({0: torch.export.Dim("batch")},))

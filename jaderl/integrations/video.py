@@ -67,6 +67,8 @@ def record(agent: Agent, out: str | Path, episodes: int = 3, seed: int = 0) -> l
     ``out`` (``episode-0.mp4``, ...; episode ``i`` starts from ``reset(seed=seed + i)``) and return their paths."""
     if isinstance(episodes, bool) or not isinstance(episodes, int) or episodes < 1:
         raise ConfigError(f"episodes={episodes!r} is out of range: it must be a whole number >= 1")
+    if Path(out).exists() and not Path(out).is_dir():
+        raise ConfigError(f"{out} is a file; give the directory to write the videos to")
     require(("imageio", "imageio_ffmpeg"), "recording videos", "video")
     import imageio.v2 as imageio  # optional: pip install 'jaderl[video]'
 

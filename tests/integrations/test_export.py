@@ -140,8 +140,19 @@ def test_cli_export_writes_the_best_or_the_last_policy(tmp_path: Path, capsys: p
     assert_same_actions(run_onnx(run_dir / "policy.onnx", obs), agent.predict(obs), False)
     out = tmp_path / "deploy" / "last.pt"
     assert main(["export", str(run_dir), "--format", "torchscript", "--out", str(out), "--last"]) == 0
+    assert "warning" not in capsys.readouterr().err  # the tracer finds no size-dependent branch to warn about
     last = jaderl.load(run_dir, best=False)
     assert_same_actions(run_torchscript(out, obs), last.predict(obs), False)
+    assert main(["export", str(run_dir), "--format", "torchscript", "--out", str(out)]) == 0  # an export replaced
+    notes = tmp_path / "notes.txt"
+    notes.write_text("kept")
+    for target, said in ((tmp_path, "is a directory; give the file to write, such as"),
+                         (notes, "exists and is not an earlier export (a .onnx file); remove it or give another")):
+        with pytest.raises(SystemExit) as exit_info:
+            main(["export", str(run_dir), "--format", "onnx", "--out", str(target)])
+        err = capsys.readouterr().err
+        assert exit_info.value.code == 2 and said in err and len(err.strip().splitlines()) == 1
+    assert notes.read_text() == "kept"
 
 
 @pytest.mark.parametrize(("argv", "message"), [

@@ -151,6 +151,11 @@ def test_cli_record_refuses_a_missing_run(tmp_path: Path, capsys: pytest.Capture
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert "holds no readable checkpoint" in err and len(err.strip().splitlines()) == 1
+    notes = tmp_path / "notes.txt"
+    notes.write_text("kept")
+    with pytest.raises(ConfigError, match=r"notes\.txt is a file; give the directory to write the videos to"):
+        record(None, notes)  # type: ignore[arg-type]  # refused before the agent is read
+    assert notes.read_text() == "kept"
 
 
 def test_record_every_records_during_training_and_after_a_resume(tmp_path: Path) -> None:
