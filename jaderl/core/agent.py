@@ -26,6 +26,7 @@ from jaderl.core.buffers import Batch, ReplayBuffer, RolloutBuffer
 from jaderl.core.config import Config, ConfigError
 from jaderl.core.nets import NatureCNN, ObsNorm
 from jaderl.envs.episodes import EpisodeStats
+from jaderl.envs.observations import observation_batch
 from jaderl.envs.vec import EnvError, EnvSpec, VecEnv
 
 
@@ -164,10 +165,10 @@ class Agent:
     def predict(self, obs: Any, deterministic: bool = True) -> np.ndarray:
         """Actions in the env's own action space for what the env gives: one observation or a batch, numpy or torch
         (several agents: ``(agents, obs_dim)`` or ``(N, agents, obs_dim)``). Continuous actions are rescaled from
-        [-1, 1] to the env's bounds (``spec.action_low`` / ``action_high``); discrete ones are integers."""
-        x = torch.as_tensor(np.asarray(obs.cpu() if torch.is_tensor(obs) else obs), device=self.device)
-        single = x.dim() == len(self.obs_shape) + (self.spec.num_agents > 1)
-        x = x.unsqueeze(0) if single else x
+        [-1, 1] to the env's bounds (``spec.action_low`` / ``action_high``); discrete ones are integers.
+        Observations of another shape, non-numeric or non-finite raise ValueError
+        (:func:`jaderl.envs.observations.observation_batch`)."""
+        x, single = observation_batch(obs, self.obs_shape, self.spec.num_agents, self.device)
         action = self.act(x.to(torch.uint8) if self.spec.obs_dtype == "uint8" else x.float(), deterministic)
         if not self.is_discrete and self.spec.action_low is not None:
             low, high = (torch.tensor(b, device=self.device) for b in (self.spec.action_low, self.spec.action_high))

@@ -69,3 +69,28 @@ def test_predict_for_several_agents_takes_and_returns_per_agent_arrays() -> None
                                        torch.device("cpu"))
     obs = env.reset(seed=0).numpy()  # (2, 3, 18)
     assert agent.predict(obs).shape == (2, 3) and agent.predict(obs[0]).shape == (3,)
+    with pytest.raises(ValueError, match=r"^this agent acts for 3 agents: predict takes observations of shape \(3, 18\)"
+                                         r" \(one\) or \(N, 3, 18\) \(a batch\); got shape \(4, 18\)$"):
+        agent.predict(np.zeros((4, 18)))
+
+
+@pytest.mark.parametrize(("obs", "said"), [
+    (np.zeros(5), r"predict takes observations of shape \(3,\) \(one\) or \(N, 3\) \(a batch\); got shape \(5,\)"),
+    (torch.zeros(2, 7), r"of shape \(3,\) \(one\) or \(N, 3\) \(a batch\); got shape \(2, 7\)"),
+    (1.0, r"got shape \(\)"),
+    ("hello", r"predict takes numeric observations \(a numpy array or torch tensor\); got str"),
+    (None, r"got NoneType"),
+    (np.zeros(3, dtype=np.complex64), r"got ndarray of dtype complex64"),
+    (np.array([0.0, np.nan, 1.0]), r"predict got NaN or infinite observations; check what the env returned"),
+    ([[0.0, 1.0, 2.0], [1.0]], r"predict takes observations as a numpy array or torch tensor; could not read one"),
+])
+def test_predict_refuses_what_the_agent_cannot_act_on_in_one_sentence(obs: object, said: str) -> None:
+    from jaderl.api import ALGOS, make_config
+
+    env = make_env("jaderl/Pendulum-v1", 1)
+    agent = ALGOS["sac"].agent_cls(make_config("sac", "jaderl/Pendulum-v1", device="cpu"), env.spec,
+                                   torch.device("cpu"))
+    with pytest.raises(ValueError, match=said) as info:
+        agent.predict(obs)
+    assert "\n" not in str(info.value)
+    assert agent.predict(torch.zeros(3, dtype=torch.bfloat16)).shape == (1,)  # what numpy cannot hold still goes

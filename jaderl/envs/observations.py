@@ -1,0 +1,39 @@
+"""What :meth:`jaderl.core.agent.Agent.predict` takes: one observation or a batch, checked against the env's shape."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+
+def observation_batch(obs: Any, obs_shape: Sequence[int], num_agents: int,
+                      device: torch.device) -> tuple[torch.Tensor, bool]:
+    """``obs`` (numpy, torch or nested lists) as a batch tensor on ``device``, and whether it was one observation.
+
+    One observation has the env's ``obs_shape`` (several agents: ``(agents, *obs_shape)``), a batch one more leading
+    axis. Anything else is refused in one sentence: a shape the agent was not trained on, a non-numeric value, or
+    NaN or infinite numbers (an action computed from them would be meaningless)."""
+    array = obs
+    if torch.is_tensor(obs):  # (numpy has no bfloat16)
+        array = (obs.float() if obs.dtype == torch.bfloat16 else obs).detach().cpu().numpy()
+    try:
+        array = np.asarray(array)
+    except (TypeError, ValueError) as exc:  # ragged lists
+        raise ValueError(f"predict takes observations as a numpy array or torch tensor; could not read one from "
+                         f"{type(obs).__name__} ({exc})") from None
+    if array.dtype.kind not in "biuf":
+        raise ValueError(f"predict takes numeric observations (a numpy array or torch tensor); got "
+                         f"{type(obs).__name__} of dtype {array.dtype}")
+    one = (num_agents, *obs_shape) if num_agents > 1 else tuple(obs_shape)
+    single = array.shape == one
+    if not single and array.shape[1:] != one:
+        agents = f"this agent acts for {num_agents} agents: " if num_agents > 1 else ""
+        raise ValueError(f"{agents}predict takes observations of shape {one} (one) or (N, {', '.join(map(str, one))})"
+                         f" (a batch); got shape {array.shape}")
+    if array.dtype.kind == "f" and not np.isfinite(array).all():
+        raise ValueError("predict got NaN or infinite observations; check what the env returned")
+    x = torch.as_tensor(array, device=device)
+    return (x.unsqueeze(0) if single else x), single
