@@ -601,13 +601,13 @@ def test_nan_parameters_in_a_checkpoint_are_refused(trained_run: tuple[Path, dic
     name = key.strip("/").replace("/", ".")  # e.g. agent.actor.net.0.weight
     code, out, err = _run(["eval", str(run_dir), "--episodes", "2"], capsys)
     assert code == 0 and "over 2 episodes" in out, err  # the best policy is intact and needs no checkpoint tensors
-    with pytest.raises(ConfigError, match=rf"^{re.escape(str(tensor_path))} holds NaN or infinite parameters "
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(tensor_path))} holds NaN or infinite values "
                                           rf"\({re.escape(name)}\); resume from an earlier copy or start a new run$"):
         jaderl.load(run_dir, best=False)
     (run_dir / "best_policy.safetensors").unlink()
     code, out, err = _run(["eval", str(run_dir), "--json"], capsys)
     _assert_one_line_error(code, err)
-    assert out == "" and err.strip() == (f"jaderl: error: {tensor_path} holds NaN or infinite parameters ({name}); "
+    assert out == "" and err.strip() == (f"jaderl: error: {tensor_path} holds NaN or infinite values ({name}); "
                                          "resume from an earlier copy or start a new run")
 
 
@@ -619,7 +619,7 @@ def test_finite_or_raise_names_the_first_bad_tensor() -> None:
           "best": -math.inf}
     finite_or_raise(ok, "f")  # counters may be infinite (no evaluation yet): only tensors are parameters
     bad = {"agent": {"actor": {"w": torch.tensor([1.0, math.inf])}, "opt": [{"m": torch.tensor(math.nan)}]}}
-    with pytest.raises(ConfigError, match=r"^f holds NaN or infinite parameters \(agent\.actor\.w and 1 more\); "):
+    with pytest.raises(ConfigError, match=r"^f holds NaN or infinite values \(agent\.actor\.w and 1 more\); "):
         finite_or_raise(bad, "f")
 
 

@@ -141,4 +141,4 @@ def finite_or_raise(state: Any, where: str, *, fix: str = "resume from an earlie
     visit(state, "")
     if bad:
         more = f" and {len(bad) - 1} more" if len(bad) > 1 else ""
-        raise ConfigError(f"{where} holds NaN or infinite parameters ({bad[0]}{more}); {fix}")
+        raise ConfigError(f"{where} holds NaN or infinite values ({bad[0]}{more}); {fix}")

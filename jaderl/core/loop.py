@@ -334,7 +334,7 @@ class Trainer:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from :meth:`state_dict` (of this run, another Trainer or a checkpoint). The state's mutable
         hyperparameters come with it (they live in its optimizers)."""
-        finite_or_raise(state["agent"]["networks"], "the state's parameters")
+        finite_or_raise({"agent": state["agent"], "buffer": state["buffer"][0]}, "the state to load")
         self.agent.load_state_dict(copy.deepcopy(state["agent"]))  # optimizers would share another's live tensors
         mutable = {k: v for k, v in state["config"].items() if k in self.agent.hyperparameters}
         self.config = self.agent.config = self.config.replace(**mutable)

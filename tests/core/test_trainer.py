@@ -152,8 +152,18 @@ def test_a_checkpoint_with_nan_parameters_is_refused_on_resume(tmp_path: Path) -
     key = next(k for k in tensors if "/networks/actor/" in k)
     tensors[key] = torch.full_like(tensors[key], math.nan)
     save_file(tensors, str(tensor_file))
-    with pytest.raises(ConfigError, match=r"NaN or infinite parameters"):
+    with pytest.raises(ConfigError, match=r"NaN or infinite values"):
         jaderl.resume(tmp_path / "run", total_steps=256)
+    # an optimizer's moments too: they would make the next step's parameters NaN, blamed on the learning rate
+    tensors = load_file(str(tensor_file))
+    tensors[key] = torch.zeros_like(tensors[key])
+    moment = next(k for k in tensors if "/optimizers/" in k and k.endswith("exp_avg_sq"))
+    tensors[moment] = torch.full_like(tensors[moment], math.inf)
+    save_file(tensors, str(tensor_file))
+    config = (tmp_path / "run" / "config.yaml").read_text()
+    with pytest.raises(ConfigError, match=r"^the state to load holds NaN or infinite values \(agent\.optimizers\."):
+        jaderl.resume(tmp_path / "run", total_steps=256)
+    assert (tmp_path / "run" / "config.yaml").read_text() == config  # nothing rewritten
 
 
 def test_an_algorithm_refuses_an_env_it_cannot_train_on_in_one_sentence(tmp_path: Path) -> None:
