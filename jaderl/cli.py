@@ -398,7 +398,8 @@ def _command(args: argparse.Namespace) -> int:
         print(f"jaderl: error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:  # a Ctrl-C or SIGTERM outside training's own handling (set-up, a second one while saving)
-        print("jaderl: interrupted; the last complete checkpoint is kept", file=sys.stderr)
+        trains = args.command in ("train", "pbt", "tournament")  # the others write no checkpoint
+        print("jaderl: interrupted" + ("; the last complete checkpoint is kept" if trains else ""), file=sys.stderr)
         return EXIT_INTERRUPTED
     except OSError as exc:  # a full disk, a lost mount: the checkpoint on disk is the last complete one
         where = f" ({exc.filename})" if exc.filename else ""

@@ -265,9 +265,10 @@ class Trainer:
                 self._evaluated(self.evaluator.poll(wait=INTERRUPT_GRACE_S))
             self.checkpoint()
             reason = "interrupted"
-        except PeerError:
+        except PeerError as exc:
             self.checkpoint()
-            raise
+            raise type(exc)(f"{exc}; the run was checkpointed at step {self.agent.steps}: continue it with `jaderl "
+                            f"train --resume {self.run_dir}`") from exc
         solved = self.config.target_return is not None and self.best_return >= self.config.target_return
         return TrainResult(solved=solved, steps=self.agent.steps, time_s=round(self.time_s, 3),
                            best_eval_return=self.best_return, last_eval_return=self.last_eval, stop_reason=reason,

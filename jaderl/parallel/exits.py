@@ -22,5 +22,6 @@ def describe_exit(code: int) -> str:
         return "was stopped by SIGTERM (sent from outside jaderl, e.g. by `kill` or a job scheduler)"
     if code < 0:
         with contextlib.suppress(ValueError):
-            return f"was killed by {signal.Signals(-code).name}"
+            oom = " (out of memory, or killed from outside)" if -code == signal.SIGKILL else ""
+            return f"was killed by {signal.Signals(-code).name}{oom}"
     return f"exited with code {code} before it could report an error (its output above says why)"
