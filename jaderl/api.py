@@ -126,7 +126,8 @@ def _checkpoint_meta(run_dir: str | Path) -> dict[str, Any]:
         return {"config": dict(state["config"]), "time_s": float(state["counters"]["time_s"]),
                 "steps": int(state["agent"]["counters"]["steps"])}
     except (OSError, ValueError, KeyError, TypeError):
-        raise ConfigError(f"{run_dir} holds no readable checkpoint ({path} is missing or damaged)") from None
+        raise ConfigError(f"{run_dir} holds no readable checkpoint ({path} is missing or damaged); pass the run "
+                          "directory of a run that has saved one, or start a new run") from None
 
 
 def _saved_config(run_dir: str | Path, meta: dict[str, Any] | None = None) -> Config:

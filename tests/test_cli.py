@@ -573,7 +573,10 @@ def test_eval_with_the_checkpoint_and_the_best_policy_damaged_is_one_line(
     (run_dir / CHECKPOINT_JSON).unlink()
     code, out, err = _run(["eval", str(run_dir)], capsys)
     _assert_one_line_error(code, err)
-    assert f"{run_dir / CHECKPOINT_JSON} is missing or damaged" in err
+    assert f"{run_dir / CHECKPOINT_JSON} is missing or damaged); pass the run directory of a run that" in err
+    code, out, err = _run(["train", "--resume", str(run_dir)], capsys)
+    _assert_one_line_error(code, err)
+    assert err.rstrip().endswith("pass the run directory of a run that has saved one, or start a new run")
 
 
 def _poison(tensor_path: Path, prefix: str = "/agent/") -> str:
