@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
+import math
 from collections.abc import Callable, Iterator
 
 import torch
@@ -38,20 +40,76 @@ def register_env(name: str, factory: EnvFactory) -> None:
     REGISTERED_ENVS[name] = factory
 
 
-def _options(name: str, query: str) -> dict[str, bool | int | float | str]:
-    """``key=value&...`` of an env id as constructor options: true/false, integers and floats read as such."""
+def _options(name: str, query: str, env_cls: type | None = None) -> dict[str, bool | int | float | str]:
+    """``key=value&...`` of an env id as constructor options: true/false, integers and floats read as such.
+
+    With ``env_cls`` (a torch-native env), each option is checked against the constructor's signature: an option
+    annotated ``bool`` takes true/false (or 1/0), ``int`` a whole number, ``float`` a finite number, ``str`` the text
+    as written; an option the constructor does not take, or one jaderl sets itself (``num_envs``, ``device``,
+    ``dtype``, ``seed``), is refused. Every option may be given once."""
     options: dict[str, bool | int | float | str] = {}
+    texts: dict[str, str] = {}
     for item in filter(None, query.split("&")):
         key, sep, text = item.partition("=")
         if not sep or not key:
             raise EnvError(f"env option {item!r} in {name!r} is malformed: write KEY=VALUE, e.g. ?continuous=true")
+        if key in options:
+            raise EnvError(f"env option {key!r} appears twice in {name!r}; give it once")
         value: bool | int | float | str = {"true": True, "false": False}.get(text.lower(), text)
         for kind in (int, float):
             if isinstance(value, str):
                 with contextlib.suppress(ValueError):
                     value = kind(text)
-        options[key] = value
+        options[key], texts[key] = value, text
+    if env_cls is not None:
+        options = {key: _typed_option(name, env_cls, key, value, texts[key]) for key, value in options.items()}
     return options
+
+
+_SET_BY_JADERL = ("num_envs", "device", "dtype", "seed")
+"""Constructor arguments of every torch-native env that jaderl passes itself, never options of an id."""
+
+_OPTION_KINDS: dict[object, type] = {bool: bool, int: int, float: float, str: str, "bool": bool, "int": int,
+                                     "float": float, "str": str}
+"""Annotations (objects, or strings under ``from __future__ import annotations``) an option's value is checked by."""
+
+
+def _typed_option(name: str, env_cls: type, key: str, value: bool | int | float | str,
+                  text: str) -> bool | int | float | str:
+    """``value`` as the type of ``env_cls``'s parameter ``key``, or one EnvError naming the option and what it takes."""
+    params = inspect.signature(env_cls).parameters
+    own = [p for p in params if p not in _SET_BY_JADERL and params[p].kind in (
+        inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)]
+    base = name.partition("?")[0]
+    if key in _SET_BY_JADERL:
+        where = "" if key == "dtype" else f" and set {key} in the config (or pass it to make_env)"
+        raise EnvError(f"env option {key!r} in {name!r} is jaderl's to set, not the id's; remove it{where}")
+    if key not in own:
+        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+            return value
+        listed = f"its options are: {', '.join(own)}" if own else "it takes none"
+        raise EnvError(f"env {base!r} has no option {key!r}; {listed}")
+    param = params[key]
+    kind = _OPTION_KINDS.get(param.annotation) or next(
+        (k for k in (bool, int, float, str) if type(param.default) is k), None)  # bool first: True is an int
+    example = f", e.g. ?{key}={param.default}" if type(param.default) in (int, float) else ""
+    if kind is bool:
+        if isinstance(value, bool) or (isinstance(value, int) and value in (0, 1)):
+            return bool(value)
+        raise EnvError(f"env option {key}={text!r} in {name!r} must be true or false")
+    if kind is int:
+        if isinstance(value, float) and value.is_integer():  # 1e3, 4.0
+            value = int(value)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise EnvError(f"env option {key}={text!r} in {name!r} must be a whole number{example}")
+    if kind is float:
+        if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+            return float(value)
+        raise EnvError(f"env option {key}={text!r} in {name!r} must be a number{example}")
+    if kind is str:
+        return text
+    return value
 
 
 @contextlib.contextmanager
@@ -74,6 +132,9 @@ def make_env(name: str, num_envs: int, device: torch.device | str = "cpu", seed:
     (``vmas/navigation``), a Brax env (``brax/ant``), a MuJoCo Playground env (``playground/CartpoleBalance``), a
     PettingZoo parallel env (``pettingzoo/mpe2.simple_spread_v3``) or any Gymnasium id.
 
+    Options after ``?`` (``jaderl/simple_spread?continuous=true&num_agents=4``) go to the env's constructor, a
+    torch-native env's checked against its signature first (see ``_options``); each is given once.
+
     ``workers > 0`` steps a Gymnasium id in that many worker processes alongside this one, through shared memory
     (:class:`~jaderl.envs.subproc.SubprocVecEnv`); the default steps it in this process. Torch-native and Atari
     envs ignore it."""
@@ -86,7 +147,8 @@ def make_env(name: str, num_envs: int, device: torch.device | str = "cpu", seed:
     base, _, query = name.partition("?")  # options: jaderl/simple_spread?continuous=true&num_agents=4
     if base in TORCH_ENVS:
         with _options_taken(name):
-            return TORCH_ENVS[base](num_envs=num_envs, device=device, seed=seed, **_options(name, query))
+            return TORCH_ENVS[base](num_envs=num_envs, device=device, seed=seed,
+                                    **_options(name, query, TORCH_ENVS[base]))
     if name.startswith("vmas/"):  # VMAS scenarios, batched on the device already (pip install 'jaderl[vmas]')
         from jaderl.envs.vmas import make_vmas_env
 

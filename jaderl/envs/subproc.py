@@ -38,7 +38,6 @@ import pickle
 import select
 import signal
 import time
-import traceback
 import weakref
 from collections.abc import Callable
 from multiprocessing import shared_memory
@@ -49,7 +48,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from jaderl.envs.vec import EnvError, GymnasiumSpaces, _gym_factory, check_finite
+from jaderl.envs.vec import EnvError, GymnasiumSpaces, _gym_factory, check_finite, error_line
 
 _STEP, _RESET, _RESET_SEEDED, _CLOSE, _OK, _ERROR = b"s", b"r", b"R", b"c", b"k", b"e"
 """One-byte signals written straight to the pipes' file descriptors once the worker is set up: one system call
@@ -110,7 +109,8 @@ def _views(buf: Any, layout: dict[str, tuple[int, tuple[int, ...], str]]) -> dic
 
 
 def _error_line(exc: BaseException) -> str:
-    return traceback.format_exception_only(type(exc), exc)[-1].strip()
+    """The env's error on one line: ``Type: message``, or an EnvError's own sentence."""
+    return str(exc) if isinstance(exc, EnvError) else error_line(exc)
 
 
 def _worker(conn: mpc.Connection, factory: Callable[[], gym.Env], start: int, stop: int, spin_s: float) -> None:
@@ -275,8 +275,8 @@ class SubprocVecEnv(GymnasiumSpaces):
         self._workers = _Workers()
         self._finalizer = weakref.finalize(self, self._workers.close)
         if isinstance(env_id_or_factory, str):
-            _gym_factory(env_id_or_factory, env_kwargs or {})  # raises EnvError for an unknown id
-            factory: Callable[[], gym.Env] = functools.partial(gym.make, env_id_or_factory, **(env_kwargs or {}))
+            # a picklable gym.make; an unknown id or a missing package (MuJoCo, Box2D) raises EnvError here
+            factory: Callable[[], gym.Env] = _gym_factory(env_id_or_factory, env_kwargs or {})
             label = env_id_or_factory.replace("/", "-")
         elif callable(env_id_or_factory):
             factory = functools.partial(env_id_or_factory, **(env_kwargs or {}))
@@ -336,7 +336,7 @@ class SubprocVecEnv(GymnasiumSpaces):
                 self._where[0] = index
                 workers.local.append(factory())
 
-        self._in_parent(build)
+        self._in_parent(build, "built")
         spaces = self._gather(setup=True)
         names = self._names
         if workers.local:  # the reference spaces are those of this process's envs
@@ -406,20 +406,21 @@ class SubprocVecEnv(GymnasiumSpaces):
             raise
         return answers
 
-    def _in_parent(self, work: Callable[[], None]) -> None:
-        """Run this process's share of a build, step or reset; an error in an env becomes an EnvError naming it."""
+    def _in_parent(self, work: Callable[[], None], done: str) -> None:
+        """Run this process's share of a build, step or reset (``done``: "built", "stepped" or "reset"); an error in
+        an env becomes an EnvError naming it and what was done to it."""
         try:
             work()
         except Exception as exc:
-            raise EnvError(f"env {self._where[0]} (stepped in this process) failed: {_error_line(exc)}") from exc
+            raise EnvError(f"env {self._where[0]} ({done} in this process) failed: {_error_line(exc)}") from exc
 
-    def _round(self, command: bytes, local_work: Callable[[], None]) -> None:
+    def _round(self, command: bytes, local_work: Callable[[], None], done: str) -> None:
         """Signal the workers, do this process's slice while they do theirs, wait for them. Any failure or Ctrl-C
         on the way closes the env: the workers would be out of step with this process."""
         try:
             self._broadcast(command)
             if self._workers.local:
-                self._in_parent(local_work)
+                self._in_parent(local_work, done)
             self._gather()
         except BaseException:
             self.close()
@@ -451,7 +452,7 @@ class SubprocVecEnv(GymnasiumSpaces):
             self._workers.views["seed"][0] = int(seed)
         workers = self._workers
         self._round(_RESET if seed is None else _RESET_SEEDED,
-                    lambda: _reset_slice(workers.local, workers.local_views, 0, seed, self._where))
+                    lambda: _reset_slice(workers.local, workers.local_views, 0, seed, self._where), "reset")
         obs = self._workers.views["obs"]
         check_finite("observation", obs)
         return self._tensor(obs, self._obs_dtype)
@@ -462,7 +463,7 @@ class SubprocVecEnv(GymnasiumSpaces):
             raise EnvError("the env is closed")
         views["action"][:] = self._env_actions(action)
         workers = self._workers  # this process steps its slice (sub-envs 0..) while the workers step theirs
-        self._round(_STEP, lambda: _step_slice(workers.local, workers.local_views, 0, self._where))
+        self._round(_STEP, lambda: _step_slice(workers.local, workers.local_views, 0, self._where), "stepped")
         obs, final_obs, reward = views["obs"], views["final_obs"], views["reward"]
         check_finite("observation", obs)
         check_finite("reward", reward)

@@ -20,8 +20,10 @@ Continuous actions beyond ``[-1, 1]`` are clipped.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import importlib
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -37,6 +39,32 @@ class EnvError(ValueError):
 NONFINITE_ACTIONS = ("the agent's actions became NaN or infinite; lower the learning rate or check the env's rewards "
                      "(the last checkpoint is kept)")
 """What every env says when it is given a NaN or infinite action: the agent diverged, so do not blame the env."""
+
+
+def error_line(exc: BaseException) -> str:
+    """``Type: message`` of an exception on one line (an env's own error, quoted in a one-sentence EnvError)."""
+    kind, module = type(exc), type(exc).__module__
+    name = kind.__qualname__ if module in ("builtins", "__main__") else f"{module}.{kind.__qualname__}"
+    text = " ".join(str(exc).split())
+    return f"{name}: {text}" if text else name
+
+
+JADERL_EXTRAS = ("box2d", "mujoco")
+"""Gymnasium's extras that jaderl's extras of the same name install (``pip install 'jaderl[mujoco]'``)."""
+
+
+def missing_dependency(env_id: str, exc: gym.error.DependencyNotInstalled, module: str = "") -> EnvError:
+    """The one-sentence error for a Gymnasium env whose package is not installed: which package, and the pip command
+    (jaderl's extra where it has one, else Gymnasium's), read from Gymnasium's message or the env's module."""
+    text = " ".join(str(exc).split())
+    found = re.search(r"gymnasium\[([\w-]+)\]", text)
+    extra = found.group(1) if found else next((e for e in JADERL_EXTRAS if f"envs.{e}" in module), None)
+    install = (f"pip install 'jaderl[{extra}]'" if extra in JADERL_EXTRAS else
+               f"pip install 'gymnasium[{extra}]'" if extra else "install it")
+    package, sep, _ = text.partition(" is not installed")
+    if sep and package and len(package.split()) <= 3:
+        return EnvError(f"env {env_id!r} needs {package}, which is not installed; {install}")
+    return EnvError(f"env {env_id!r} needs a package that is not installed ({text}); {install}")
 
 
 def discrete_action_error(env_name: str, num_actions: int, low: float, high: float) -> EnvError:
@@ -164,6 +192,19 @@ def check_finite(name: str, array: np.ndarray) -> None:
         raise EnvError(f"the env returned a non-finite {name}; fix the env or wrap it to clip or reset")
 
 
+def unsupported_observations(obs_space: gym.Space) -> EnvError:
+    """The refusal of a non-Box observation space, with the wrapper that makes it a Box where Gymnasium has one."""
+    try:
+        flat = gym.spaces.flatten_space(obs_space)
+    except Exception:  # a space Gymnasium cannot flatten (Text, Graph, Sequence, custom ones)
+        flat = None
+    fix = ""
+    if isinstance(flat, gym.spaces.Box):
+        fix = ("; wrap the env in gymnasium.wrappers.FlattenObservation (a Discrete becomes a one-hot Box) and pass "
+               "the wrapped env to GymnasiumVecEnv, or register_env a factory that builds it")
+    return EnvError(f"observation space {obs_space} is not supported: jaderl needs a Box observation space{fix}")
+
+
 class GymnasiumSpaces(VecEnv):
     """What every adapter of Gymnasium envs shares: reading their spaces and turning jaderl actions into theirs."""
 
@@ -175,7 +216,7 @@ class GymnasiumSpaces(VecEnv):
     def _read_spaces(self, obs_space: gym.Space, act_space: gym.Space) -> None:
         """Set ``obs_shape``, ``is_discrete``, ``action_dim`` and the action bounds, or say what is unsupported."""
         if not isinstance(obs_space, gym.spaces.Box):
-            raise EnvError(f"observation space {obs_space} is not supported: jaderl needs a Box observation space")
+            raise unsupported_observations(obs_space)
         self.obs_shape = tuple(obs_space.shape)
         if obs_space.dtype == np.uint8 and len(self.obs_shape) > 3:  # e.g. RGB frames stacked as (4, 84, 84, 3)
             raise EnvError(f"observations of shape {self.obs_shape} are uint8 images with {len(self.obs_shape)} "
@@ -240,9 +281,16 @@ class GymnasiumVecEnv(GymnasiumSpaces):
     ) -> None:
         self.device = torch.device(device)
         if isinstance(env, str):
+            self._label = env
+            self._where = "in this process" if not asynchronous or num_envs == 1 else "by AsyncVectorEnv"
             factory = _gym_factory(env, env_kwargs or {})
             vector_cls = gym.vector.AsyncVectorEnv if asynchronous and num_envs > 1 else gym.vector.SyncVectorEnv
-            env = vector_cls([factory] * num_envs, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+            try:
+                env = vector_cls([factory] * num_envs, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+            except EnvError:  # already one sentence (a missing package, a jaderl-aware env)
+                raise
+            except Exception as exc:
+                raise self._env_failed("built", exc) from exc
         elif isinstance(env, gym.Env):
             single = env
             env = gym.vector.SyncVectorEnv([lambda: single], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
@@ -255,6 +303,7 @@ class GymnasiumVecEnv(GymnasiumSpaces):
                 "autoreset_mode=gym.vector.AutoresetMode.SAME_STEP so final observations can be bootstrapped"
             )
         self.env = env
+        self._where = "in this process" if isinstance(env, gym.vector.SyncVectorEnv) else f"by {type(env).__name__}"
         self.num_envs = env.num_envs
         obs_space, act_space = env.single_observation_space, env.single_action_space
         self._read_spaces(obs_space, act_space)
@@ -262,15 +311,33 @@ class GymnasiumVecEnv(GymnasiumSpaces):
         spec = base.spec or (base.get_attr("spec")[0] if hasattr(base, "get_attr") else None)
         limit = getattr(spec, "max_episode_steps", None) if spec is not None else None
         self.max_steps = int(limit or 0)
+        if not hasattr(self, "_label"):
+            self._label = spec.id if spec is not None else type(base).__name__
+
+    def _env_failed(self, done: str, exc: Exception) -> EnvError:
+        """An exception of the env as one EnvError naming the env and what it was doing, as
+        :class:`~jaderl.envs.subproc.SubprocVecEnv` reports its envs (raised ``from exc``: the env's traceback stays
+        chained)."""
+        return EnvError(f"env {self._label!r} ({done} {self._where}) failed: {error_line(exc)}")
 
     def reset(self, seed: int | None = None) -> torch.Tensor:
-        obs, _ = self.env.reset(seed=seed)
+        try:
+            obs, _ = self.env.reset(seed=seed)
+        except EnvError:  # already one sentence
+            raise
+        except Exception as exc:
+            raise self._env_failed("reset", exc) from exc
         check_finite("observation", obs)
         return self._tensor(obs, self._obs_dtype)
 
     def step(self, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, dict]:
         act = self._env_actions(action).astype(self.env.single_action_space.dtype)
-        obs, reward, terminated, truncated, info = self.env.step(act)
+        try:
+            obs, reward, terminated, truncated, info = self.env.step(act)
+        except EnvError:  # already one sentence
+            raise
+        except Exception as exc:
+            raise self._env_failed("stepped", exc) from exc
         check_finite("observation", obs)
         check_finite("reward", np.asarray(reward, dtype=np.float64))
         done = np.logical_or(terminated, truncated)
@@ -295,8 +362,9 @@ class GymnasiumVecEnv(GymnasiumSpaces):
 
 
 def _gym_factory(env_id: str, kwargs: dict[str, Any]) -> Callable[[], gym.Env]:
-    """A maker of ``env_id``; ``"module:EnvId"`` imports ``module`` first (so it can register the env), as
-    ``gymnasium.make`` does."""
+    """A picklable maker of ``env_id``; ``"module:EnvId"`` imports ``module`` first (so it can register the env), as
+    ``gymnasium.make`` does. An unknown id, or an env whose package is missing, raises a one-sentence EnvError here."""
+    label = env_id
     if ":" in env_id:
         module, _, env_id = env_id.partition(":")
         try:
@@ -304,7 +372,24 @@ def _gym_factory(env_id: str, kwargs: dict[str, Any]) -> Callable[[], gym.Env]:
         except ImportError as exc:
             raise EnvError(f"cannot import {module!r} for env {env_id!r} ({exc}); install it or fix the id") from None
     try:
-        gym.spec(env_id)
+        spec = gym.spec(env_id)
     except gym.error.Error as exc:
         raise EnvError(f"unknown env {env_id!r} ({exc}); run `jaderl envs` to list the built-in ones") from None
-    return lambda: gym.make(env_id, **kwargs)
+    if isinstance(spec.entry_point, str):  # import the env's module now: MuJoCo's and Box2D's check their packages
+        try:
+            gym.envs.registration.load_env_creator(spec.entry_point)
+        except gym.error.DependencyNotInstalled as exc:
+            raise missing_dependency(label, exc, spec.entry_point) from None
+    return functools.partial(make_gym_env, label, **kwargs)
+
+
+def make_gym_env(env_id: str, /, **kwargs: Any) -> gym.Env:
+    """``gymnasium.make(env_id, **kwargs)`` (``"module:EnvId"`` imports ``module`` first, also in a worker process),
+    with a missing package (Gymnasium's ``DependencyNotInstalled``) as one EnvError naming the env, the package and
+    the pip command."""
+    try:
+        return gym.make(env_id, **kwargs)
+    except gym.error.DependencyNotInstalled as exc:
+        spec = gym.envs.registry.get(env_id.rpartition(":")[2])
+        module = spec.entry_point if spec is not None and isinstance(spec.entry_point, str) else ""
+        raise missing_dependency(env_id, exc, module) from None

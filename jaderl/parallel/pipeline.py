@@ -119,7 +119,10 @@ def _child_main(name: str, shared: _Shared, body: Callable[[], None]) -> None:
     except SystemExit:  # told to stop, or the learner is gone
         raise
     except BaseException as exc:  # report anything, then exit non-zero
-        last = traceback.extract_tb(exc.__traceback__)[-1:] if exc.__traceback__ else []
+        origin = exc  # where it started: an env's own error that an EnvError quotes (raised from it)
+        while origin.__cause__ is not None:
+            origin = origin.__cause__
+        last = traceback.extract_tb(origin.__traceback__)[-1:] if origin.__traceback__ else []
         where = f" (at {os.path.basename(last[0].filename)}:{last[0].lineno})" if last else ""
         shared.errors.put((name, f"{type(exc).__name__}: {exc}{where}"))
         raise SystemExit(1) from None

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from jaderl.envs import make_env
 from jaderl.envs.mpe import MPE_ENVS, SimpleSpreadEnv, SimpleTagEnv
 from jaderl.envs.vec import EnvError, VecEnv
 
@@ -370,6 +371,51 @@ def test_options_change_the_world() -> None:
     assert tag.teams == ("adversary", "adversary", "agent", "agent", "agent")
     _, reward, _, _, _ = tag.step(torch.zeros(2, 5, dtype=torch.int64))
     assert torch.equal(reward[:, 0], reward[:, 1])  # the adversaries share their reward
+
+
+@pytest.mark.parametrize(("env_id", "message"), [
+    ("jaderl/simple_spread?num_agents=abc",
+     "env option num_agents='abc' in 'jaderl/simple_spread?num_agents=abc' must be a whole number, e.g. ?num_agents=3"),
+    ("jaderl/simple_tag?num_adversaries=abc", "env option num_adversaries='abc' in 'jaderl/simple_tag?num_adversaries="
+     "abc' must be a whole number, e.g. ?num_adversaries=3"),
+    ("jaderl/simple_spread?num_agents=4.5",
+     "env option num_agents='4.5' in 'jaderl/simple_spread?num_agents=4.5' must be a whole number, e.g. ?num_agents=3"),
+    ("jaderl/simple_spread?num_agents=true",
+     "env option num_agents='true' in 'jaderl/simple_spread?num_agents=true' must be a whole number, e.g. "
+     "?num_agents=3"),
+    ("jaderl/simple_spread?continuous=maybe",
+     "env option continuous='maybe' in 'jaderl/simple_spread?continuous=maybe' must be true or false"),
+    ("jaderl/simple_spread?continuous=no",
+     "env option continuous='no' in 'jaderl/simple_spread?continuous=no' must be true or false"),
+    ("jaderl/simple_spread?local_ratio=half",
+     "env option local_ratio='half' in 'jaderl/simple_spread?local_ratio=half' must be a number, e.g. "
+     "?local_ratio=0.5"),
+    ("jaderl/simple_spread?num_agents=3&num_agents=4",
+     "env option 'num_agents' appears twice in 'jaderl/simple_spread?num_agents=3&num_agents=4'; give it once"),
+    ("jaderl/simple_spread?colour=red",
+     "env 'jaderl/simple_spread' has no option 'colour'; its options are: num_agents, continuous, max_steps, "
+     "local_ratio"),
+    ("jaderl/simple_tag?seed=3", "env option 'seed' in 'jaderl/simple_tag?seed=3' is jaderl's to set, not the id's; "
+     "remove it and set seed in the config (or pass it to make_env)"),
+    ("jaderl/simple_tag?dtype=float64",
+     "env option 'dtype' in 'jaderl/simple_tag?dtype=float64' is jaderl's to set, not the id's; remove it"),
+])
+def test_bad_options_in_the_id_are_one_sentence(env_id: str, message: str) -> None:
+    """Each option is read as its constructor parameter's type: no int() traceback, no 'maybe' taken as true, no
+    4.5 taken as 4, no repeated key silently taking the last."""
+    with pytest.raises(EnvError) as info:
+        make_env(env_id, 2, seed=0)
+    assert str(info.value) == message
+
+
+def test_every_form_of_a_good_option_in_the_id_still_works() -> None:
+    env = make_env("jaderl/simple_spread?continuous=TRUE&num_agents=4.0&max_steps=1e2&local_ratio=1", 2, seed=0)
+    assert isinstance(env, SimpleSpreadEnv) and not env.is_discrete and env.num_agents == 4
+    assert env.max_steps == 100 and env.local_ratio == 1.0
+    assert make_env("jaderl/simple_spread?continuous=1", 2, seed=0).is_discrete is False
+    assert make_env("jaderl/simple_spread?continuous=false", 2, seed=0).is_discrete is True
+    tag = make_env("jaderl/simple_tag?num_adversaries=2&num_good=2&num_obstacles=0", 2, seed=0)
+    assert tag.teams == ("adversary", "adversary", "agent", "agent")
 
 
 def test_simple_spread_local_ratio() -> None:

@@ -366,7 +366,7 @@ def test_bad_arguments_start_no_process() -> None:
         SubprocVecEnv(lambda: EchoEnv(), 2, 2)
     with pytest.raises(EnvError, match=r"^worker jaderl-EchoEnv-worker0 failed: env 0: TypeError: .*'colour'"):
         SubprocVecEnv(EchoEnv, 2, 1, env_kwargs={"colour": "red"}, step_in_parent=False)  # cannot be built
-    with pytest.raises(EnvError, match=r"^env 0 \(stepped in this process\) failed: TypeError: .*'colour'"):
+    with pytest.raises(EnvError, match=r"^env 0 \(built in this process\) failed: TypeError: .*'colour'"):
         SubprocVecEnv(EchoEnv, 2, 1, env_kwargs={"colour": "red"})
     with pytest.raises(EnvError, match="fork"):
         SubprocVecEnv("CartPole-v1", 2, 2, start_method="fork")

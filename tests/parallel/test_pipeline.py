@@ -100,7 +100,8 @@ def test_on_policy_pipeline_learns_cartpole(tmp_path: Path) -> None:
 def test_raising_worker_is_reported_by_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     env = _faulty_env_module(tmp_path, monkeypatch, 'raise RuntimeError("boom")')
     start = time.monotonic()
-    with pytest.raises(WorkerError, match=r"^explorer worker 1 failed: RuntimeError: boom \(at faulty_envs.py:"):
+    with pytest.raises(WorkerError, match=r"^explorer worker 1 failed: EnvError: env 'faulty_envs:Faulty-v0' \(stepped "
+                                          r"in this process\) failed: RuntimeError: boom \(at faulty_envs.py:"):
         jaderl.train("sac", env, total_steps=100_000, run_dir=tmp_path / "run", seed=0, **SMALL_SAC)
     assert time.monotonic() - start < 30  # including the processes' start-up
     assert load_checkpoint(tmp_path / "run")["config"]["workers"] == 2  # the learner's state was saved
@@ -109,7 +110,8 @@ def test_raising_worker_is_reported_by_name(tmp_path: Path, monkeypatch: pytest.
 def test_failing_evaluator_stops_training_promptly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The evaluator's first evaluation resets its env with seed + 1 = 1: it raises there, while explorers go on."""
     env = _faulty_env_module(tmp_path, monkeypatch, 'raise RuntimeError("eval boom")', doomed_seed=1)
-    with pytest.raises(WorkerError, match=r"^evaluator failed: RuntimeError: eval boom"):
+    with pytest.raises(WorkerError, match=r"^evaluator failed: EnvError: env 'faulty_envs:Faulty-v0' \(\w+ in this "
+                                          r"process\) failed: RuntimeError: eval boom"):
         jaderl.train("sac", env, total_steps=10**9, run_dir=tmp_path / "run", seed=0, **SMALL_SAC)
     assert load_checkpoint(tmp_path / "run")["agent"]["counters"]["steps"] < 5_000  # noticed within a few rounds
 

@@ -1,0 +1,136 @@
+"""Bad input at the Gymnasium adapter (jaderl.envs.vec.GymnasiumVecEnv, built by make_env): a missing package, an env
+that raises, an observation space jaderl cannot read. Each is one sentence that says what to do, never a traceback."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from jaderl.cli import main
+from jaderl.envs import make_env
+from jaderl.envs.vec import EnvError, GymnasiumVecEnv, missing_dependency
+
+EXPLODING = "JaderlTestExploding-v0"
+
+
+class ExplodingEnv(gym.Env):
+    """A Box env whose simulator raises in ``step`` (or in ``reset``, with ``in_reset``)."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
+    action_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+
+    def __init__(self, in_reset: bool = False) -> None:
+        self.in_reset = in_reset
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, dict]:
+        super().reset(seed=seed)
+        if self.in_reset:
+            raise ValueError("no initial state\n  (tried 3 times)")  # a message over two lines reads as one
+        return np.zeros(3, np.float32), {}
+
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict]:
+        raise RuntimeError("simulator exploded")
+
+
+@pytest.fixture
+def exploding() -> Iterator[str]:
+    gym.register(EXPLODING, entry_point=ExplodingEnv, max_episode_steps=10)
+    yield EXPLODING
+    del gym.registry[EXPLODING]
+
+
+# -- a Gymnasium id whose package is not installed ------------------------------------------------------------------
+
+def test_a_missing_mujoco_names_the_env_the_package_and_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    def make(*args: Any, **kwargs: Any) -> gym.Env:  # what gym.make says without MuJoCo
+        raise gym.error.DependencyNotInstalled('MuJoCo is not installed, run `pip install "gymnasium[mujoco]"`')
+
+    monkeypatch.setattr(gym, "make", make)
+    with pytest.raises(EnvError) as info:
+        make_env("HalfCheetah-v5", 2)
+    assert str(info.value) == "env 'HalfCheetah-v5' needs MuJoCo, which is not installed; pip install 'jaderl[mujoco]'"
+
+
+def test_a_missing_box2d_is_found_before_any_env_is_built(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Box2D's envs check their package when their module is imported: as if Box2D had never been installed."""
+    monkeypatch.setitem(sys.modules, "Box2D", None)
+    for module in [m for m in sys.modules if m == "gymnasium.envs.box2d" or m.startswith("gymnasium.envs.box2d.")]:
+        monkeypatch.delitem(sys.modules, module)
+    message = "env 'LunarLanderContinuous-v3' needs Box2D, which is not installed; pip install 'jaderl[box2d]'"
+    with pytest.raises(EnvError) as info:
+        make_env("LunarLanderContinuous-v3", 2)
+    assert str(info.value) == message
+    with pytest.raises(EnvError) as info:
+        make_env("LunarLanderContinuous-v3", 2, workers=1)  # refused before a worker starts
+    assert str(info.value) == message
+
+
+def test_a_package_jaderl_has_no_extra_for_gets_gymnasiums() -> None:
+    error = gym.error.DependencyNotInstalled('pygame is not installed, run `pip install "gymnasium[classic-control]"`')
+    assert str(missing_dependency("CartPole-v1", error)) == (
+        "env 'CartPole-v1' needs pygame, which is not installed; pip install 'gymnasium[classic-control]'")
+    odd = gym.error.DependencyNotInstalled("the simulator's shared library could not be loaded")
+    assert str(missing_dependency("Walker-v0", odd, "gymnasium.envs.mujoco.walker2d_v5:Walker2dEnv")) == (
+        "env 'Walker-v0' needs a package that is not installed (the simulator's shared library could not be loaded); "
+        "pip install 'jaderl[mujoco]'")
+
+
+# -- an env that raises, stepped in this process ---------------------------------------------------------------------
+
+def test_an_env_that_raises_in_step_is_one_sentence(exploding: str) -> None:
+    env = make_env(exploding, 2)
+    env.reset(seed=0)
+    with pytest.raises(EnvError) as info:
+        env.step(torch.zeros(2, 1))
+    assert str(info.value) == f"env '{exploding}' (stepped in this process) failed: RuntimeError: simulator exploded"
+    assert isinstance(info.value.__cause__, RuntimeError)  # the env's own traceback is kept for debugging
+
+
+def test_an_env_that_raises_in_reset_or_when_built_is_one_sentence(exploding: str) -> None:
+    env = GymnasiumVecEnv(exploding, 2, env_kwargs={"in_reset": True})
+    with pytest.raises(EnvError) as info:
+        env.reset()
+    assert str(info.value) == (f"env '{exploding}' (reset in this process) failed: ValueError: no initial state "
+                               "(tried 3 times)")
+    with pytest.raises(EnvError, match=rf"^env '{exploding}' \(built in this process\) failed: TypeError: .*'colour'"):
+        GymnasiumVecEnv(exploding, 2, env_kwargs={"colour": "red"})
+
+
+def test_the_cli_reports_an_env_that_raises_in_one_line(exploding: str, tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["train", "sac", exploding, "--device", "cpu", "--run-dir", str(tmp_path / "run"), "--total-steps", "64"])
+    assert info.value.code == 2
+    assert capsys.readouterr().err == (f"jaderl: error: env '{exploding}' (stepped in this process) failed: "
+                                       "RuntimeError: simulator exploded\n")
+
+
+# -- an observation space that is not a Box --------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("env_id", "space"), [("FrozenLake-v1", "Discrete(16)"),
+                                               ("Blackjack-v1", "Tuple(Discrete(32), Discrete(11), Discrete(2))")])
+def test_a_discrete_observation_space_is_refused_with_the_wrapper_that_fixes_it(env_id: str, space: str) -> None:
+    with pytest.raises(EnvError) as info:
+        make_env(env_id, 2)
+    assert str(info.value) == (
+        f"observation space {space} is not supported: jaderl needs a Box observation space; wrap the env in "
+        "gymnasium.wrappers.FlattenObservation (a Discrete becomes a one-hot Box) and pass the wrapped env to "
+        "GymnasiumVecEnv, or register_env a factory that builds it")
+    env = GymnasiumVecEnv(gym.wrappers.FlattenObservation(gym.make(env_id)))  # the fix works
+    assert env.reset(seed=0).shape == (1, gym.spaces.flatdim(gym.make(env_id).observation_space))
+
+
+def test_a_space_gymnasium_cannot_flatten_gets_no_wrapper_advice() -> None:
+    class Texts(ExplodingEnv):
+        observation_space = gym.spaces.Sequence(gym.spaces.Discrete(3))  # any length: no flat Box
+
+    with pytest.raises(EnvError) as info:
+        GymnasiumVecEnv(Texts())
+    assert str(info.value).endswith("is not supported: jaderl needs a Box observation space")
