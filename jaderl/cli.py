@@ -151,7 +151,9 @@ def _add_population_parsers(sub: Any) -> None:
                       help="env steps a member trains before the leaderboard judges it (default 20000)")
     tour.add_argument("--rounds", type=whole_number, default=40, help="member periods in all (default 40)")
     tour.add_argument("--leaderboard-size", type=whole_number, default=5, help="entries kept (default 5)")
-    tour.add_argument("--fuse-top", type=whole_number, default=3, help="entries a fused member averages (default 3)")
+    tour.add_argument("--fuse-top", type=whole_number, default=None,
+                      help="entries a fused member averages, at most --leaderboard-size (default 3, or the leaderboard "
+                      "size if smaller)")
     tour.add_argument("--strategy-weights", default="0.5,0.25,0.25", metavar="BEST,FUSE,FRESH",
                       help="how often a new member copies the best entry, fuses the top ones or starts afresh")
     _add_shared_population_flags(tour)

@@ -40,10 +40,18 @@ def check_same_settings(agents: Sequence[Agent], names: Sequence[str]) -> None:
     free = set(FREE_SETTINGS) | set(type(agents[0]).hyperparameters)
     for agent, name in zip(agents[1:], names[1:], strict=True):
         other = agent.config.to_dict()
+        if other["algo"] != first["algo"]:  # named first: every other setting may differ between algorithms
+            raise ConfigError(f"{names[0]} is {_a(first['algo'])} run and {name} {_a(other['algo'])} run; only runs "
+                              "of one algorithm can be fused (an Ensemble combines agents of several algorithms)")
         for key in first:
             if key not in free and other.get(key) != first[key]:
                 raise ConfigError(f"{name} has {key}={other.get(key)!r} but {names[0]} has {key}={first[key]!r}; only "
                                   "runs of one algorithm and env with the same settings (other seeds) can be combined")
+
+
+def _a(algo: str) -> str:
+    """``algo`` with its indefinite article: "a ppo", "an a2c"."""
+    return f"{'an' if algo[0] in 'aeiou' else 'a'} {algo}"
 
 
 def fuse_runs(run_dirs: Sequence[str | Path], out: str | Path, device: str = "cpu") -> dict[str, Any]:
@@ -55,6 +63,13 @@ def fuse_runs(run_dirs: Sequence[str | Path], out: str | Path, device: str = "cp
     if Path(out).exists() and (not Path(out).is_dir() or any(Path(out).iterdir())):
         raise ConfigError(f"{out} already exists and is not an empty directory; pick another --out")
     names = [str(d) for d in run_dirs]
+    seen: dict[Path, str] = {}
+    for name in names:  # before anything is read or written
+        if (first := seen.get(key := Path(name).resolve())) is not None:
+            twice = f"{name} is given twice" if first == name else f"{first} and {name} are the same run directory"
+            raise ConfigError(f"{twice}; fusing a run with itself averages its agent with itself and changes nothing, "
+                              "so pass each run directory once")
+        seen[key] = name
     agents = [load(d, best=False, device=device) for d in run_dirs]
     check_same_settings(agents, names)
     config = agents[0].config.replace(run_dir=str(out), device=device)

@@ -24,12 +24,12 @@ import dataclasses
 import math
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from jaderl.api import ALGOS, make_config
-from jaderl.core.config import ConfigError
+from jaderl.core.config import Config, ConfigError
 from jaderl.core.loop import TrainingError, check_spec
 from jaderl.envs import make_env
 from jaderl.population.cluster import PopulationError, Resources, connected
@@ -39,6 +39,7 @@ from jaderl.population.store import (
     STATE_JSON,
     copy_run,
     csv_row,
+    damaged_checkpoint,
     new_population_dir,
     plot_population,
     read_rows,
@@ -112,14 +113,8 @@ class PBTSettings:
         if not 0 <= self.resample_probability <= 1:
             raise ConfigError(f"resample_probability={self.resample_probability} is out of range: it must be in [0, 1]")
         Resources.parse(self.resources)
-        config = make_config(**self.member_settings(0, Path(".")))
-        agent_cls = ALGOS[self.algo].agent_cls
-        env = make_env(config.env, 1, "cpu")  # the env exists and the algorithm fits it
-        try:
-            check_spec(config, agent_cls, env.spec)
-        finally:
-            env.close()
-        return parse_space(agent_cls, self.space)
+        check_fits([make_config(**self.member_settings(0, Path(".")))])
+        return parse_space(ALGOS[self.algo].agent_cls, self.space)
 
     def member_settings(self, k: int, pop_dir: Path) -> dict[str, Any]:
         """Config fields of member ``k``: its seed and run directory, evaluations at period ends (a run evaluates and
@@ -128,13 +123,24 @@ class PBTSettings:
         total = self.period * self.generations if self.period_s is None else self.settings.get("total_steps", UNBOUNDED)
         settings = {"eval_every": every, "checkpoint_every": every, **self.settings}
         return {**settings, "algo": self.algo, "env": self.env, "seed": self.seed + k, "total_steps": total,
-                "run_dir": str(pop_dir / "members" / f"m{k:02d}")}
+                "run_dir": str(member_dir(pop_dir, k))}
 
     def target(self, generation: int) -> tuple[str, float]:
         """What members train to by the end of ``generation``: ``("steps", env steps)`` or ``("time_s", seconds)``."""
         if self.period_s is None:
             return "steps", (generation + 1) * self.period
         return "time_s", (generation + 1) * self.period_s
+
+
+def check_fits(configs: Sequence[Config]) -> None:
+    """Refuse in one sentence, before any member starts, an env that does not exist or an algorithm of ``configs``
+    (members' configs of one env) that cannot train on it."""
+    env = make_env(configs[0].env, 1, "cpu")
+    try:
+        for config in configs:
+            check_spec(config, ALGOS[config.algo].agent_cls, env.spec)
+    finally:
+        env.close()
 
 
 Progress = Callable[[dict[str, Any]], None]
@@ -188,6 +194,9 @@ def resume_pbt(pop_dir: str | Path, *, generations: int | None = None, address: 
     if state["generation"] >= config.generations:
         raise ConfigError(f"{pop_dir} already finished {state['generation']} generations; resume with --generations "
                           f"larger than {state['generation']} to train on")
+    for k in range(config.members):  # a checkpoint that cannot be read fails every start: refused before any
+        if damage := damaged_checkpoint(member_dir(pop_dir, k)):
+            raise ConfigError(damaged_message(pop_dir, k, *damage))
     with connected(address, num_cpus) as ray:
         options = Resources.parse(config.resources).options(config.members, ray.cluster_resources())
         return _Controller(pop_dir, config, parsed, state).run(ray, options, progress)
@@ -224,7 +233,7 @@ class _Controller:
                     ray.kill(actor, no_restart=True)
         best = max(range(len(scores)), key=lambda k: scores[k])
         best_dir = self.pop_dir / "best"
-        copy_run(self.pop_dir / "members" / f"m{best:02d}", best_dir)
+        copy_run(member_dir(self.pop_dir, best), best_dir)
         return PBTResult(str(self.pop_dir), self.config.generations, best, scores[best], str(best_dir),
                          round(time.perf_counter() - start, 3))
 
@@ -243,11 +252,13 @@ class _Controller:
 
     def _restart(self, k: int, exc: BaseException) -> None:
         """Start member ``k`` again from its last checkpoint, or give up in one sentence after ``max_restarts``."""
+        if damage := damaged_checkpoint(member_dir(self.pop_dir, k)):  # (not its process) every start would fail
+            raise PopulationError(damaged_message(self.pop_dir, k, *damage))
         self.restarts[k] += 1
         if self.restarts[k] > self.config.max_restarts:
             cause = (str(exc).strip().splitlines() or [type(exc).__name__])[-1][:300]
             raise PopulationError(f"member {k} died {self.restarts[k]} times (last: {cause}); its run directory "
-                                  f"{self.pop_dir / 'members' / f'm{k:02d}'} keeps its last checkpoint, and "
+                                  f"{member_dir(self.pop_dir, k)} keeps its last checkpoint, and "
                                   f"`jaderl pbt --resume {self.pop_dir}` continues the population")
         self.ray.kill(self.actors[k], no_restart=True)
         self.actors[k] = self._take_standby(k) or self._start(k)
@@ -370,6 +381,19 @@ class _Controller:
                     self._describe(k)
                     ref = self.actors[k].exploit.remote(self.actors[parents[k]].state.remote(config.copy_buffer),
                                                         explored[k])
+
+
+def member_dir(pop_dir: Path, k: int) -> Path:
+    """Member ``k``'s run directory."""
+    return pop_dir / "members" / f"m{k:02d}"
+
+
+def damaged_message(pop_dir: Path, k: int, path: Path, reason: str) -> str:
+    """One sentence for member ``k`` whose checkpoint file ``path`` cannot be read: what the user can do about it (a
+    member without a checkpoint starts afresh, with the hyperparameters population.json records for it)."""
+    return (f"member {k}'s checkpoint {path} is damaged ({reason}), so member {k} cannot continue from it; restore "
+            f"{member_dir(pop_dir, k)} from a copy, or delete that directory to start member {k} again from step 0 "
+            f"with its recorded hyperparameters, then run `jaderl pbt --resume {pop_dir}`")
 
 
 def split_by_score(scores: list[float], quantile: float) -> tuple[list[int], list[int]]:

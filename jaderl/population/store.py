@@ -23,6 +23,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from safetensors import SafetensorError, safe_open
+
+from jaderl.core.checkpoint import CHECKPOINT_JSON
 from jaderl.core.config import ConfigError
 
 STATE_JSON = "population.json"
@@ -107,6 +110,32 @@ def copy_run(source: Path, target: Path) -> None:
         target.rename(old)
     tmp.rename(target)
     shutil.rmtree(old, ignore_errors=True)
+
+
+def damaged_checkpoint(run_dir: Path) -> tuple[Path, str] | None:
+    """The file of ``run_dir``'s checkpoint that cannot be read and why, or None when the run has no checkpoint or
+    one that reads (its JSON parses and its tensor file's header matches the file's size; no tensor is read).
+    Checkpoints are written atomically, so a process that dies leaves none damaged: a damaged one fails every load."""
+    json_path = run_dir / CHECKPOINT_JSON
+    if not json_path.exists():
+        return None
+    try:
+        meta = json.loads(json_path.read_text())
+        tensor_path = run_dir / meta["tensor_file"]
+        if not isinstance(meta["state"], dict):
+            raise TypeError("its state is not a mapping")
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return json_path, _first_line(exc)
+    try:
+        with safe_open(str(tensor_path), framework="pt") as f:
+            f.keys()
+    except (OSError, SafetensorError) as exc:
+        return tensor_path, _first_line(exc)
+    return None
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
 
 
 def plot_population(pop_dir: Path, title: str) -> Path | None:

@@ -27,12 +27,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from jaderl.api import ALGOS
+from jaderl.api import ALGOS, make_config
 from jaderl.core.config import ConfigError
 from jaderl.core.loop import TrainingError
 from jaderl.population.cluster import PopulationError, Resources, connected
 from jaderl.population.ensemble import fuse_runs
 from jaderl.population.member import remote_member
+from jaderl.population.pbt import check_fits
 from jaderl.population.space import Space, explore, parse_space, sample
 from jaderl.population.store import copy_run, new_population_dir, write_json
 
@@ -90,16 +91,18 @@ class TournamentResult:
 
 
 def tournament(algos: list[str] | str, env: str, *, pool: int = 4, period: int = 20_000, rounds: int = 40,
-               leaderboard_size: int = 5, fuse_top: int = 3,
+               leaderboard_size: int = 5, fuse_top: int | None = None,
                strategy_weights: tuple[float, float, float] = (0.5, 0.25, 0.25), seed: int = 0,
                run_dir: str | None = None, space: list[str] | None = None, resources: str = "",
                address: str | None = None, num_cpus: int | None = None, progress: Any = None,
                **settings: Any) -> TournamentResult:
     """Run a tournament of ``rounds`` member periods with ``pool`` members at a time (see the module docstring).
     ``algos``: one algorithm or several; ``strategy_weights``: how often the generator copies the best entry, fuses
-    the top ``fuse_top`` entries or starts afresh (fresh members until the leaderboard has an entry); ``settings``:
-    config fields, each given to every algorithm that has it."""
+    the top ``fuse_top`` entries (at most ``leaderboard_size``; default 3, or the leaderboard's size if smaller) or
+    starts afresh (fresh members until the leaderboard has an entry); ``settings``: config fields, each given to every
+    algorithm that has it."""
     algos = [algos] if isinstance(algos, str) else list(algos)
+    fuse_top = max(2, min(3, leaderboard_size)) if fuse_top is None else fuse_top
     if not algos or (unknown := [a for a in algos if a not in ALGOS]):
         raise ConfigError(f"unknown algorithm {(unknown or [''])[0]!r}; choose from: {', '.join(ALGOS)}")
     for name, value, low in (("pool", pool, 1), ("period", period, 1), ("rounds", rounds, 1),
@@ -109,10 +112,17 @@ def tournament(algos: list[str] | str, env: str, *, pool: int = 4, period: int =
     if len(strategy_weights) != 3 or min(strategy_weights) < 0 or sum(strategy_weights) <= 0:
         raise ConfigError(f"strategy_weights={strategy_weights} must be three weights >= 0 (best, fuse, fresh) with a "
                           "positive sum")
+    if strategy_weights[1] > 0 and fuse_top > leaderboard_size:  # (no fused member: fuse_top is never used)
+        fix = ("lower --fuse-top or raise --leaderboard-size" if leaderboard_size >= 2 else
+               "raise --leaderboard-size to 2 or more, or give fusing no weight in --strategy-weights")
+        raise ConfigError(f"fuse_top={fuse_top} is out of range: it must be <= leaderboard_size={leaderboard_size}, "
+                          f"since a fused member averages entries of the leaderboard; {fix}")
     spaces = {a: parse_space(ALGOS[a].agent_cls, space) for a in algos}
     fields = {f.name for a in algos for f in dataclasses.fields(ALGOS[a].agent_cls.config_cls)}
     if bad := sorted(set(settings) - fields):
         raise ConfigError(f"unknown setting {bad[0]!r}: none of {', '.join(algos)} has it")
+    # the env exists, and every algorithm fits it and takes its settings, before any member starts
+    check_fits([make_config(**member_settings(a, env, settings, period, rounds, seed, Path("."))) for a in algos])
     with connected(address, num_cpus) as ray:
         options = Resources.parse(resources).options(pool, ray.cluster_resources())
         pop_dir = new_population_dir(run_dir, "tournament", "+".join(algos), env, seed)
@@ -123,6 +133,16 @@ def tournament(algos: list[str] | str, env: str, *, pool: int = 4, period: int =
         runner = _Tournament(ray, options, pop_dir, algos, env, spaces, settings, period, fuse_top,
                              strategy_weights, random.Random(seed), seed)
         return runner.run(pool, rounds, leaderboard_size, progress)
+
+
+def member_settings(algo: str, env: str, settings: dict[str, Any], period: int, rounds: int, seed: int,
+                    run_dir: Path) -> dict[str, Any]:
+    """Config fields of a member of ``algo`` (the ``settings`` it has); a lineage trains at most one period a
+    round."""
+    fields = {f.name for f in dataclasses.fields(ALGOS[algo].agent_cls.config_cls)}
+    mine = {k: v for k, v in settings.items() if k in fields}
+    return {"eval_every": period, "checkpoint_every": period, **mine, "algo": algo, "env": env, "seed": seed,
+            "total_steps": period * rounds, "run_dir": str(run_dir)}
 
 
 class _Tournament:
@@ -136,11 +156,8 @@ class _Tournament:
         self.rows: list[dict[str, Any]] = []
 
     def member_settings(self, algo: str, name: str, round_: int) -> dict[str, Any]:
-        fields = {f.name for f in dataclasses.fields(ALGOS[algo].agent_cls.config_cls)}
-        mine = {k: v for k, v in self.settings.items() if k in fields}
-        return {"eval_every": self.period, "checkpoint_every": self.period, **mine, "algo": algo, "env": self.env,
-                "seed": self.seed + round_, "total_steps": self.period * self.rounds,
-                "run_dir": str(self.pop_dir / "members" / name)}
+        return member_settings(algo, self.env, self.settings, self.period, self.rounds, self.seed + round_,
+                               self.pop_dir / "members" / name)
 
     def generate(self, round_: int, board: Any) -> tuple[Any, dict[str, Any], list[Any]]:
         """The next member (a started actor), what it came from, and the refs of the calls that set it up (read when

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ import torch
 from jaderl import api
 from jaderl.cli import main
 from jaderl.core.checkpoint import load_checkpoint
+from jaderl.core.config import ConfigError
 from jaderl.population import Ensemble, fuse_runs
 
 ENV = "jaderl/CartPole-v1"
@@ -63,6 +65,38 @@ def test_fuse_refuses_runs_of_other_settings(two_runs: list[Path], tmp_path: Pat
     assert exit_info.value.code == 2
     assert capsys.readouterr().err.strip().endswith("is not an empty directory; pick another --out")
     assert (tmp_path / "out" / "notes.txt").read_text() == "kept"
+
+
+def test_fuse_names_the_algorithms_of_runs_of_two(two_runs: list[Path], tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """Runs of two algorithms differ in settings one of them does not have: the algorithms are named, not those."""
+    dqn = api.train("dqn", ENV, seed=3, run_dir=str(tmp_path / "dqn"), num_envs=4, horizon=8, hidden=[16, 16],
+                    buffer_size=1000, batch_size=32, warmup_steps=64, eval_every=128, eval_episodes=2,
+                    total_steps=128, device="cpu")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fuse", "--out", str(tmp_path / "out"), str(two_runs[0]), dqn.run_dir])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.strip() == (
+        f"jaderl: error: {two_runs[0]} is a ppo run and {dqn.run_dir} a dqn run; only runs of one algorithm can be "
+        "fused (an Ensemble combines agents of several algorithms)")
+    assert not (tmp_path / "out").exists()
+
+
+def test_fuse_refuses_a_run_given_twice(two_runs: list[Path], tmp_path: Path,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """Fusing a run with itself averages an agent with itself: nothing to fuse, refused before anything is read."""
+    run = str(two_runs[0])
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fuse", "--out", str(tmp_path / "out"), run, run])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.strip() == (
+        f"jaderl: error: {run} is given twice; fusing a run with itself averages its agent with itself and changes "
+        "nothing, so pass each run directory once")
+    other_spelling = str(two_runs[0] / ".." / two_runs[0].name)
+    with pytest.raises(ConfigError, match=rf"^{re.escape(run)} and {re.escape(other_spelling)} are the same run "
+                                          "directory; fusing a run with itself"):
+        fuse_runs([run, str(two_runs[1]), other_spelling], tmp_path / "out")
+    assert not (tmp_path / "out").exists()
 
 
 def test_fuse_command_prints_json(two_runs: list[Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import dataclasses
 import io
 import json
 import math
 import os
+import random
 import re
 import signal
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -31,7 +34,7 @@ from jaderl.core.evaluator import BEST_POLICY
 from jaderl.population import pbt, resume_pbt
 from jaderl.population.cluster import PopulationError
 from jaderl.population.member import Member, Standby
-from jaderl.population.pbt import split_by_score
+from jaderl.population.pbt import PBTSettings, split_by_score
 
 ray = pytest.importorskip("ray")
 
@@ -129,6 +132,117 @@ def test_resume_refuses_settings_it_would_ignore(tmp_path: Path, capsys: pytest.
     assert capsys.readouterr().err.strip() == ("jaderl: error: --resume takes the population's settings from POP_DIR; "
                                                "drop --members, --seed (only --generations, --resources-per-member "
                                                "and --address may change)")
+
+
+@pytest.fixture
+def no_ray(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A test of a refusal that must come before Ray starts: starting it fails the test."""
+    def connected(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("Ray was started before the input was checked")
+
+    for module in ("jaderl.population.pbt", "jaderl.population.tournament"):  # (modules, not the functions they export)
+        monkeypatch.setattr(sys.modules[module], "connected", connected)
+
+
+def test_tournament_refuses_an_algorithm_that_cannot_train_on_the_env(no_ray: None, tmp_path: Path,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """Every algorithm of a tournament is checked against the env as `jaderl pbt` checks its one, before any member
+    starts (a DQN member on continuous actions used to score -inf after 0 steps, round after round)."""
+    with pytest.raises(SystemExit) as info:
+        main(["tournament", "ppo,dqn", "jaderl/Pendulum-v1", "--rounds", "3", "--pool", "2", "--period", "1000",
+              "--run-dir", str(tmp_path / "t")])
+    assert info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("jaderl: error: dqn cannot train on jaderl/Pendulum-v1: its actions are continuous; use sac, td3 or "
+                   "ppo; run `jaderl algos` to see which algorithms fit")
+    assert not (tmp_path / "t").exists()
+
+
+def test_tournament_refuses_fusing_more_entries_than_the_leaderboard_holds(no_ray: None, tmp_path: Path,
+                                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["tournament", "ppo", ENV, "--fuse-top", "10", "--leaderboard-size", "5", "--run-dir",
+              str(tmp_path / "t")])
+    assert info.value.code == 2
+    assert capsys.readouterr().err.strip() == (
+        "jaderl: error: fuse_top=10 is out of range: it must be <= leaderboard_size=5, since a fused member averages "
+        "entries of the leaderboard; lower --fuse-top or raise --leaderboard-size")
+    assert not (tmp_path / "t").exists()
+    from jaderl.population import tournament
+
+    with pytest.raises(ConfigError, match=r"leaderboard_size=1, .*; raise --leaderboard-size to 2 or more, or give "):
+        tournament("ppo", ENV, leaderboard_size=1, run_dir=str(tmp_path / "t"))
+    for ok in (dict(leaderboard_size=2), dict(leaderboard_size=1, strategy_weights=(1.0, 0.0, 1.0))):
+        with pytest.raises(AssertionError, match="Ray was started"):  # accepted (fuse_top: 3 or the board's size)
+            tournament("ppo", ENV, run_dir=str(tmp_path / "t"), **ok)
+
+
+def _trained_population(pop_dir: Path, members: int = 2, period: int = 128) -> dict[str, Any]:
+    """A population directory as `jaderl pbt` leaves it after its first generation, made without Ray: population.json
+    and each member's run directory with its checkpoint at the period's end. Returns the state."""
+    from jaderl.population.pbt import FORMAT, PBTSettings, _rng_to_json
+    from jaderl.population.space import sample
+    from jaderl.population.store import write_json
+
+    config = PBTSettings("ppo", ENV, members=members, period=period, generations=2,
+                         space={"lr": "loguniform:1e-4:1e-2"}, settings=dict(TINY))
+    space = config.validate()
+    rng = random.Random(0)
+    state = {"format": FORMAT, "settings": dataclasses.asdict(config), "generation": 1,
+             "members": [{"parent": k, "hyperparameters": sample(space, rng)} for k in range(members)]}
+    state["rng"] = _rng_to_json(rng)
+    for k in range(members):
+        member = Member(config.member_settings(k, pop_dir), state["members"][k]["hyperparameters"])
+        member.train_until(period)
+        member.close()
+    write_json(pop_dir / "population.json", state)
+    return state
+
+
+def test_resume_refuses_a_member_whose_checkpoint_is_damaged(no_ray: None, tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """A damaged checkpoint fails every load: `--resume` names the member and the file and how to go on, before Ray
+    starts (it used to restart the member 4 times, then advise the same --resume), and changes nothing on disk."""
+    pop_dir = tmp_path / "pop"
+    _trained_population(pop_dir)
+    [tensor_file] = (pop_dir / "members" / "m01").glob("ckpt-*.safetensors")
+    tensor_file.write_bytes(tensor_file.read_bytes()[:tensor_file.stat().st_size // 2])  # truncated
+    files = {p: p.read_bytes() for p in pop_dir.rglob("*") if p.is_file()}
+    with pytest.raises(SystemExit) as info:
+        main(["pbt", "--resume", str(pop_dir), "--generations", "3"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"jaderl: error: member 1's checkpoint {tensor_file} is damaged (Error while deserializing header: "
+                   "incomplete metadata, file not fully covered), so member 1 cannot continue from it; restore "
+                   f"{pop_dir / 'members' / 'm01'} from a copy, or delete that directory to start member 1 again from "
+                   f"step 0 with its recorded hyperparameters, then run `jaderl pbt --resume {pop_dir}`")
+    assert {p: p.read_bytes() for p in pop_dir.rglob("*") if p.is_file()} == files  # nothing saved is lost
+    (pop_dir / "members" / "m00" / "checkpoint.json").write_text("{")  # a damaged JSON is named the same way
+    with pytest.raises(ConfigError, match=r"member 0's checkpoint .*m00/checkpoint.json is damaged \(Expecting"):
+        resume_pbt(pop_dir, generations=3)
+
+
+def test_a_member_whose_checkpoint_is_damaged_is_not_restarted(tmp_path: Path) -> None:
+    """A member that dies during the population is restarted from its checkpoint (its process died: the checkpoint,
+    written atomically, reads); if that checkpoint cannot be read, the population stops at once and says why."""
+    from jaderl.population.pbt import _Controller
+
+    pop_dir = tmp_path / "pop"
+    state = _trained_population(pop_dir)
+    config = PBTSettings(**state["settings"])
+    started: list[int] = []
+    controller = _Controller(pop_dir, config, config.validate(), state)
+    controller.ray = type("FakeRay", (), {"kill": staticmethod(lambda actor, no_restart: None)})()
+    controller.actor_cls = type("FakeActor", (), {"remote": staticmethod(lambda s, h: started.append(s["seed"]))})()
+    controller.actors = [None, None]
+    controller._restart(1, RuntimeError("its process died"))  # a readable checkpoint: restarted
+    assert started == [1] and controller.restarts == [0, 1]
+    [tensor_file] = (pop_dir / "members" / "m01").glob("ckpt-*.safetensors")
+    tensor_file.write_bytes(b"")
+    with pytest.raises(PopulationError, match=rf"^member 1's checkpoint {re.escape(str(tensor_file))} is damaged "
+                                              r"\(Error while deserializing header: header too small\)"):
+        controller._restart(1, RuntimeError("its creation task failed"))
+    assert started == [1] and controller.restarts == [0, 1]  # not retried
 
 
 def test_diverged_members_copy_and_are_never_copied() -> None:
