@@ -57,7 +57,9 @@ class TorchVectorEnv(VecEnv):
                                "them (the one the policy reads)")
             obs_space = obs_space[obs_key]
         if not isinstance(obs_space, gym.spaces.Box):
-            raise EnvError(f"observation space {obs_space} is not supported: jaderl needs a Box observation space")
+            raise EnvError(f"observation space {obs_space} is not supported: jaderl needs a Box observation space; "
+                           "wrap each sub-env in gymnasium.wrappers.FlattenObservation before vectorising (a Discrete "
+                           "becomes a one-hot Box), or have the simulator give a Box")
         self.obs_shape = tuple(obs_space.shape)
         act_space = env.single_action_space
         if isinstance(act_space, gym.spaces.Discrete):

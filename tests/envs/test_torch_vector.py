@@ -137,6 +137,17 @@ def test_unsupported_spaces_and_bad_actions_are_one_sentence() -> None:
     with pytest.raises(EnvError, match="cannot adapt"):
         TorchVectorEnv(object())
     env.close()
+    lake = gym.vector.SyncVectorEnv([lambda: gym.make("FrozenLake-v1")] * 2,
+                                    autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    with pytest.raises(EnvError, match=r"Discrete\(16\) is not supported: jaderl needs a Box observation space; wrap "
+                                       r"each sub-env in gymnasium\.wrappers\.FlattenObservation before vectorising"):
+        TorchVectorEnv(NumpyToTorch(lake))
+    lake.close()
+    flat = gym.vector.SyncVectorEnv([lambda: gym.wrappers.FlattenObservation(gym.make("FrozenLake-v1"))] * 2,
+                                    autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)  # what it says to do
+    env = TorchVectorEnv(NumpyToTorch(DenseFinalObs(flat)))
+    assert env.obs_shape == (16,) and env.reset(seed=0).shape == (2, 16)
+    env.close()
 
 
 def test_a_registered_simulator_trains_resumes_and_evaluates(tmp_path: Path) -> None:
