@@ -8,12 +8,12 @@
         each member of the bottom quantile takes the whole state of a random member of the top quantile (networks,
         optimizers, normalisers, env state, optionally its replay buffer: in memory, through the object store) and
         explores: each hyperparameter perturbed by x0.8 / x1.2 or, with ``resample_probability``, resampled
-        write population.json (the commit point of the generation); redraw population.png every 30 s and at the end
-    copy the best member's run directory to POP_DIR/best
+        write population.json (the commit point of the generation); redraw population.png every 30 s
+    draw population.png; copy the best member's run directory to POP_DIR/best
 
 A member whose process dies is restarted from its last checkpoint and trains its period again: on a standby process
-that has jaderl imported already (CPU-only members; a new standby starts behind it), or else in a new process on any
-node with room; one that diverges (NaN) scores -inf and is replaced by a copy of a top member. After the driver dies,
+that has jaderl imported already (CPU-only members on a cluster with a CPU that no member holds; a new standby starts
+behind it), or else in a new process on any node with room; one that diverges (NaN) scores -inf and is replaced by a copy of a top member. After the driver dies,
 :func:`resume_pbt` continues from the last generation committed, losing at most one period of training, or makes the
 saved plan's copies again when the driver died during them.
 """
@@ -222,11 +222,14 @@ class _Controller:
             self.actors = [self._start(k) for k in range(self.config.members)]
             for k in range(self.config.members):  # every member is up before the standby takes a worker and CPU
                 self._describe(k)
-            self.standby_cls = remote_standby(ray) if not options.get("num_gpus") else None
+            if not options.get("num_gpus") and self._spare_cpus(options) >= 1:
+                self.standby_cls = remote_standby(ray)
             self._new_standby()
             scores = self._generations(progress, start)
-            for actor in self.actors:
-                ray.get(actor.close.remote())
+            closing = [actor.close.remote() for actor in self.actors]  # each draws its curve while this draws theirs
+            plot_population(self.pop_dir, f"PBT: {self.config.algo} on {self.config.env}, {self.config.members} "
+                                          "members")
+            ray.get(closing)
         finally:  # Ctrl-C or an error: no actor outlives the population; the checkpoints stay
             for actor in [*self.actors, self.standby]:
                 if actor is not None:
@@ -262,6 +265,15 @@ class _Controller:
                                   f"`jaderl pbt --resume {self.pop_dir}` continues the population")
         self.ray.kill(self.actors[k], no_restart=True)
         self.actors[k] = self._take_standby(k) or self._start(k)
+
+    def _spare_cpus(self, options: dict[str, float]) -> float:
+        """CPUs of the cluster that no member holds (nor anything else, as far as Ray has reported). A standby
+        starts only on a whole spare CPU: importing torch takes it a few CPU-seconds, which would otherwise come out
+        of the members' training; on a cluster that members fill, a dead member restarts in a new process on the
+        CPUs it held."""
+        ray = self.ray
+        unheld = ray.cluster_resources().get("CPU", 0.0) - self.config.members * options.get("num_cpus", 1.0)
+        return min(unheld, ray.available_resources().get("CPU", 0.0))
 
     def _new_standby(self) -> None:
         """Start a standby process in the background (CPU-only members), for the next member that dies."""
@@ -340,7 +352,7 @@ class _Controller:
                                 for k in range(config.members)]
             state["generation"], state["rng"] = g + 1, _rng_to_json(self.rng)
             write_json(self.pop_dir / STATE_JSON, state)  # the generation is committed
-            if g + 1 == config.generations or time.perf_counter() - self.plotted_at >= PLOT_EVERY_S:
+            if g + 1 < config.generations and time.perf_counter() - self.plotted_at >= PLOT_EVERY_S:
                 plot_population(self.pop_dir, f"PBT: {config.algo} on {config.env}, {config.members} members")
                 self.plotted_at = time.perf_counter()
             if progress is not None:
