@@ -13,9 +13,9 @@
 
 A member whose process dies is restarted from its last checkpoint and trains its period again: on a standby process
 that has jaderl imported already (CPU-only members on a cluster with a CPU that no member holds; a new standby starts
-behind it), or else in a new process on any node with room; one that diverges (NaN) scores -inf and is replaced by a copy of a top member. After the driver dies,
-:func:`resume_pbt` continues from the last generation committed, losing at most one period of training, or makes the
-saved plan's copies again when the driver died during them.
+behind it), or else in a new process on any node with room; one that diverges (NaN) scores -inf and is replaced by a
+copy of a top member. After the driver dies, :func:`resume_pbt` continues from the last generation committed, losing
+at most one period of training, or makes the saved plan's copies again when the driver died during them.
 """
 
 from __future__ import annotations
