@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -36,13 +37,22 @@ ALGOS: dict[str, AlgoSpec] = {**SINGLE_AGENT_ALGOS, **MARL_ALGOS}
 """Every registered algorithm, single- and multi-agent, by name."""
 
 
+def _run_dir(run_dir: Any) -> Path:
+    """``run_dir`` as a Path, or one sentence when it is not a path at all."""
+    if not isinstance(run_dir, str | os.PathLike):
+        raise ConfigError(f"run_dir must be a run directory's path (a str or pathlib.Path), not {run_dir!r}")
+    return Path(run_dir)
+
+
 def make_config(algo: str, env: str, **settings: Any) -> Config:
     """The validated config of ``algo`` on ``env``: class defaults, then the algorithm's preset, then
     ``clip_rewards=True`` for an Atari id (``ALE/...``, ``PongNoFrameskip-v4``), then the zoo's tuned settings for
     the pair (:mod:`jaderl.zoo`; not with ``zoo=False``), then ``settings`` (a stock-trading id's relative ``csv=``
     path is made absolute)."""
-    if algo not in ALGOS:
+    if not isinstance(algo, str) or algo not in ALGOS:
         raise ConfigError(f"unknown algorithm {algo!r}; choose one of: {', '.join(ALGOS)}")
+    if not isinstance(env, str):
+        raise ConfigError(f"env must be an env id (a str such as 'jaderl/CartPole-v1'), not {env!r}")
     spec = ALGOS[algo]
     settings = {k: v for k, v in settings.items() if k not in ("algo", "env")}
     env = with_absolute_csv(env)  # a run must find its price file again when resumed from another directory
@@ -120,7 +130,7 @@ other setting shaped the checkpoint's networks, optimizer states or replay buffe
 
 def _checkpoint_meta(run_dir: str | Path) -> dict[str, Any]:
     """The JSON part of ``run_dir``'s checkpoint (config, counters, step), read without its tensors."""
-    path = Path(run_dir) / CHECKPOINT_JSON
+    path = _run_dir(run_dir) / CHECKPOINT_JSON
     try:
         state = json.loads(path.read_text())["state"]
         return {"config": dict(state["config"]), "time_s": float(state["counters"]["time_s"]),
@@ -173,7 +183,7 @@ def load(run_dir: str | Path, best: bool = True, device: str = "cpu") -> Agent:
     checkpoint's JSON, or from the run's ``config.yaml`` if that is unreadable), so a damaged checkpoint tensor file
     does not stop an evaluation; the checkpoint's tensors are read for ``best=False`` or a run without a best policy.
     Anything damaged that is needed, or parameters that are NaN or infinite, raise one sentence naming the file."""
-    run_dir = Path(run_dir)
+    run_dir = _run_dir(run_dir)
     meta = _checkpoint_json(run_dir)
     config = _load_config(run_dir, meta).replace(device=device)
     best_path = run_dir / BEST_POLICY

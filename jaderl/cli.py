@@ -395,6 +395,8 @@ def _command(args: argparse.Namespace) -> int:
             os.close(devnull)
         return EXIT_BROKEN_PIPE
     except (ConfigError, EnvError, FileNotFoundError) as exc:
+        if isinstance(exc, FileNotFoundError) and exc.errno is not None:  # the system's, not a sentence of jaderl's
+            return _os_error(args, exc)
         _fail(str(exc))
     except TrainingError as exc:
         print(f"jaderl: error: {exc}", file=sys.stderr)
@@ -404,21 +406,26 @@ def _command(args: argparse.Namespace) -> int:
         print("jaderl: interrupted" + ("; the last complete checkpoint is kept" if trains else ""), file=sys.stderr)
         return EXIT_INTERRUPTED
     except OSError as exc:  # a full disk, a lost mount: the checkpoint on disk is the last complete one
-        where = f" ({exc.filename})" if exc.filename else ""
-        if args.command not in ("train", "pbt", "tournament"):  # nothing trained: there is nothing to resume
-            print(f"jaderl: error: {exc.strerror or exc}{where}; fix the path (or free space) and run the command "
-                  "again", file=sys.stderr)
-            return 1
-        places = [getattr(args, "resume", None), getattr(args, "run_dir", None),
-                  exc.filename and Path(exc.filename).parent]  # where a checkpoint may be kept
-        if args.command == "train" and not any(p and (Path(p) / CHECKPOINT_JSON).exists() for p in places):
-            print(f"jaderl: error: {exc.strerror or exc}{where}; no checkpoint had been written yet, so there is "
-                  "nothing to resume: free space or fix the path and start the run again", file=sys.stderr)
-            return 1
-        print(f"jaderl: error: {exc.strerror or exc}{where}; the last complete checkpoint is kept: free space or "
-              "fix the path, then continue with --resume", file=sys.stderr)
-        return 1
+        return _os_error(args, exc)
     return code
+
+
+def _os_error(args: argparse.Namespace, exc: OSError) -> int:
+    """Report an error of the file system in one sentence: what failed, where, and what can be done about it."""
+    where = f" ({exc.filename})" if exc.filename else ""
+    if args.command not in ("train", "pbt", "tournament"):  # nothing trained: there is nothing to resume
+        print(f"jaderl: error: {exc.strerror or exc}{where}; fix the path (or free space) and run the command "
+              "again", file=sys.stderr)
+        return 1
+    places = [getattr(args, "resume", None), getattr(args, "run_dir", None),
+              exc.filename and Path(exc.filename).parent]  # where a checkpoint may be kept
+    if args.command == "train" and not any(p and (Path(p) / CHECKPOINT_JSON).exists() for p in places):
+        print(f"jaderl: error: {exc.strerror or exc}{where}; no checkpoint had been written yet, so there is "
+              "nothing to resume: free space or fix the path and start the run again", file=sys.stderr)
+        return 1
+    print(f"jaderl: error: {exc.strerror or exc}{where}; the last complete checkpoint is kept: free space or "
+          "fix the path, then continue with --resume", file=sys.stderr)
+    return 1
 
 
 if __name__ == "__main__":

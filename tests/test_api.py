@@ -235,6 +235,14 @@ def test_api_errors(tmp_path: Path) -> None:
     assert not (tmp_path / "run").exists()
     with pytest.raises(ConfigError, match="episodes=0"):
         api.evaluate(tmp_path, episodes=0)
+    with pytest.raises(ConfigError, match=r"env must be an env id \(a str such as 'jaderl/CartPole-v1'\), not 5"):
+        jaderl.train("ppo", 5)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="unknown algorithm 3; choose one of: ppo"):
+        jaderl.train(3, ENV)  # type: ignore[arg-type]
+    for call in (jaderl.load, jaderl.resume, api.evaluate):
+        with pytest.raises(ConfigError, match=r"run_dir must be a run directory's path \(a str or pathlib.Path\), "
+                                              "not None"):
+            call(None)  # type: ignore[operator]
 
 
 def test_a_resume_may_repeat_a_setting_outside_the_hyperparameter_ranges(tmp_path: Path, tiny_ppo: Settings) -> None:

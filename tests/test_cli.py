@@ -365,6 +365,17 @@ def test_a_full_disk_is_one_line_and_exit_1(monkeypatch: pytest.MonkeyPatch, cap
         "written yet, so there is nothing to resume: free space or fix the path and start the run again"]
 
 
+def test_a_run_dir_that_cannot_be_created_is_one_line_and_exit_1(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """A --run-dir whose parent does not exist and cannot be made (under /proc): the system's reason, the path and
+    what to do, as for any other error of the file system."""
+    code, _, err = _run(["train", "ppo", ENV, "--run-dir", "/proc/jaderl-run", "--total-steps", "256", *TINY],
+                        capsys)
+    assert code == 1 and err.splitlines() == [
+        "jaderl: error: No such file or directory (/proc/jaderl-run); no checkpoint had been written yet, so there is "
+        "nothing to resume: free space or fix the path and start the run again"]
+
+
 def test_a_ctrl_c_outside_the_loop_is_one_line_and_exit_130(monkeypatch: pytest.MonkeyPatch,
                                                              capsys: pytest.CaptureFixture[str]) -> None:
     def interrupted(*args: Any, **kwargs: Any) -> None:
