@@ -156,6 +156,13 @@ def remote_member(ray: Any, options: dict[str, Any]) -> Any:
     return ray.remote(max_restarts=0, max_concurrency=1, **options)(Member)
 
 
+def remote_worker(ray: Any, options: dict[str, Any]) -> Any:
+    """:class:`Standby` as a Ray actor class holding ``options`` (``num_cpus``, ``num_gpus``) while it lives: a process
+    that :meth:`Standby.start` makes a member, then, after the member's :meth:`Member.close`, the next member (the
+    tournament's members)."""
+    return ray.remote(max_restarts=0, max_concurrency=1, **options)(Standby)
+
+
 def remote_standby(ray: Any) -> Any:
     """:class:`Standby` as a Ray actor class. It holds no CPU while idle; it takes over a dead member's work, and the
     dead member's resources are free again by then. It holds no GPU either (a process sees only the GPUs Ray gave

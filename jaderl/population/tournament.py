@@ -4,7 +4,7 @@
     pool = `pool` members training side by side, each for one period of env steps
     whenever any member finishes its period (no member waits for another):
         updater:   evaluate it; the leaderboard inserts it by score (a copy of its run directory is kept while it
-                   stays in the top K); record tournament.csv; end the member
+                   stays in the top K); record tournament.csv; end the member (its process trains the next one)
         generator: start the next member from the leaderboard:
                    "best"  continue a copy of the best entry with explored hyperparameters,
                    "fuse"  the top k entries of one algorithm fused (parameters and optimizer states averaged),
@@ -12,7 +12,9 @@
     when `rounds` members have finished: POP_DIR/best is a copy of the leaderboard's first entry
 
 Members may use different algorithms (``algos=["ppo", "a2c"]``); entries of one algorithm only are fused. Every
-member and entry is an ordinary run directory; with several nodes, POP_DIR must be on storage every node shares.
+member and entry is an ordinary run directory; with several nodes, POP_DIR must be on storage every node shares. A
+member's process, with torch and jaderl imported, becomes the next member when its period ends (a new process starts
+only for a member whose process died or whose training failed), so a round costs no process start.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from jaderl.core.config import ConfigError
 from jaderl.core.loop import TrainingError
 from jaderl.population.cluster import PopulationError, Resources, connected
 from jaderl.population.ensemble import fuse_runs
-from jaderl.population.member import remote_member
+from jaderl.population.member import remote_worker
 from jaderl.population.pbt import check_fits
 from jaderl.population.space import Space, explore, parse_space, sample
 from jaderl.population.store import copy_run, new_population_dir, write_json
@@ -100,7 +102,8 @@ def tournament(algos: list[str] | str, env: str, *, pool: int = 4, period: int =
     ``algos``: one algorithm or several; ``strategy_weights``: how often the generator copies the best entry, fuses
     the top ``fuse_top`` entries (at most ``leaderboard_size``; default 3, or the leaderboard's size if smaller) or
     starts afresh (fresh members until the leaderboard has an entry); ``settings``: config fields, each given to every
-    algorithm that has it."""
+    algorithm that has it. ``progress`` is called whenever a member's period ends, with ``finished``, ``rounds``,
+    ``member``, ``score``, ``origin``, ``pid`` (the process it trained in; None if it died) and ``time_s``."""
     algos = [algos] if isinstance(algos, str) else list(algos)
     fuse_top = max(2, min(3, leaderboard_size)) if fuse_top is None else fuse_top
     if not algos or (unknown := [a for a in algos if a not in ALGOS]):
@@ -152,7 +155,8 @@ class _Tournament:
         self.ray, self.pop_dir, self.algos, self.env, self.spaces = ray, pop_dir, algos, env, spaces
         self.settings, self.period, self.fuse_top, self.weights, self.rng = settings, period, fuse_top, weights, rng
         self.seed, self.rounds = seed, 0
-        self.member_cls = remote_member(ray, options)
+        self.worker_cls = remote_worker(ray, options)
+        self.idle: list[Any] = []  # processes of members that finished, each the next member's
         self.rows: list[dict[str, Any]] = []
 
     def member_settings(self, algo: str, name: str, round_: int) -> dict[str, Any]:
@@ -181,11 +185,11 @@ class _Tournament:
             parents = [e["name"] for e in same]
             fuse_runs([e["run_dir"] for e in same], target)
             values = explore(self.spaces[algo], same[0]["hyperparameters"], self.rng, 0.25)
-        actor = self.member_cls.remote(self.member_settings(algo, name, round_), values)
-        setup = []
+        actor = self.idle.pop() if self.idle else self.worker_cls.remote()
+        setup = [actor.start.remote(self.member_settings(algo, name, round_), values)]
         if strategy != "fresh":  # a continued member draws from its own random streams (two copies of one entry
             # would otherwise retrace each other) and checkpoints them with the explored hyperparameters
-            setup = [actor.reseed.remote(self.seed + round_), actor.set_hyperparameters.remote(values)]
+            setup += [actor.reseed.remote(self.seed + round_), actor.set_hyperparameters.remote(values)]
         return actor, {"round": round_, "member": name, "algo": algo, "origin": strategy, "parents": parents}, setup
 
     def run(self, pool: int, rounds: int, size: int, progress: Any) -> TournamentResult:
@@ -207,22 +211,24 @@ class _Tournament:
                     result = ray.get(ref)
                     described = ray.get(actor.describe.remote())
                     ray.get(actor.close.remote())
+                    self.idle.append(actor)
                 except ray.exceptions.RayTaskError as exc:
                     if not isinstance(exc.cause, TrainingError):
                         raise PopulationError(f"member {info['member']} failed: {exc.cause}") from None
                     result, described = {"score": -math.inf, "steps": 0}, {"hyperparameters": {}}
+                    ray.kill(actor, no_restart=True)  # (its Trainer diverged: the next member gets a new process)
                 except ray.exceptions.RayActorError:  # its process died: it simply leaves the tournament
                     result, described = {"score": -math.inf, "steps": 0}, {"hyperparameters": {}}
-                ray.kill(actor, no_restart=True)
+                    ray.kill(actor, no_restart=True)
                 finished += 1
                 self.update(board, info, result, described)
                 if progress is not None:
                     progress({"finished": finished, "rounds": rounds, "member": info["member"],
-                              "score": result["score"], "origin": info["origin"],
+                              "score": result["score"], "origin": info["origin"], "pid": described.get("pid"),
                               "time_s": time.perf_counter() - start})
             entries = ray.get(board.top.remote())
         finally:  # Ctrl-C or an error: no member outlives the tournament
-            for actor, _, _ in running.values():
+            for actor in [*(a for a, _, _ in running.values()), *self.idle]:
                 ray.kill(actor, no_restart=True)
             ray.kill(board, no_restart=True)
         if not entries:

@@ -593,6 +593,8 @@ def test_tournament_of_two_algorithms(local_ray: None, tmp_path: Path) -> None:
         elif row["origin"] == "fuse":
             assert len(row["parents"].split()) == 2
     assert {r["origin"] for r in rows[2:]} <= {"best", "fuse"}
+    # a finished member's process trains the next member (torch imported once): 4 rounds in the pool's 2 processes
+    assert len({info["pid"] for info in finished}) == 2 and None not in {info["pid"] for info in finished}
     board = json.loads((tmp_path / "t" / "leaderboard.json").read_text())
     scores = [e["score"] for e in board["entries"]]
     assert len(scores) == 2 and scores == sorted(scores, reverse=True)
