@@ -304,16 +304,15 @@ class JaderlModule(pl.LightningModule):
         reached; logs the latest update's statistics and ``env_steps``."""
         run = self.jaderl_trainer
         assert run is not None
-        for _ in range(self.iterations_per_batch):
+        reason = self._budget_reason()  # a run resumed at its budget (a finished run's checkpoint) trains no further
+        for _ in range(self.iterations_per_batch if not reason else 0):
             run.step()
             run.record_if_due()
-            reason = run.budget_reason()
-            if run.coordinator is not None:
-                reason = run.coordinator.agree(reason)
-            if reason:
-                self.stop_reason = reason
-                self.trainer.should_stop = True
+            if reason := self._budget_reason():
                 break
+        if reason:
+            self.stop_reason = reason
+            self.trainer.should_stop = True
         # logged only on the batches Lightning writes (log_every_n_steps): a self.log call costs about as much as
         # a small update
         if (self.global_step + 1) % self.trainer.log_every_n_steps == 0:
@@ -327,6 +326,13 @@ class JaderlModule(pl.LightningModule):
         # one there before on_train_epoch_end, and a run resumed from it starts the next epoch)
         if int(batch) == self.batches_per_epoch - 1 or reason:  # (batch: its index in the epoch; reason: the run ends)
             self._evaluate()
+
+    def _budget_reason(self) -> str:
+        """Why the run must stop now ("" if it goes on), agreed by every learner."""
+        run = self.jaderl_trainer
+        assert run is not None
+        reason = run.budget_reason()
+        return run.coordinator.agree(reason) if run.coordinator is not None else reason
 
     def _evaluate(self) -> None:
         """Evaluate the policy (process 0; the result reaches every process) for :meth:`on_train_epoch_end` to log."""

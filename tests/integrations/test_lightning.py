@@ -88,6 +88,19 @@ def test_fit_logs_metrics_and_stops_at_the_budget(tmp_path: Path) -> None:
         lightning_trainer(tmp_path / "again").fit(model)
 
 
+def test_a_finished_run_resumed_from_its_last_checkpoint_trains_no_further(tmp_path: Path) -> None:
+    """fit(ckpt_path=...) of the checkpoint written when the budget was reached: no env step beyond it."""
+    model = JaderlModule("dqn", "jaderl/CartPole-v1", **TINY_DQN)
+    trainer = lightning_trainer(tmp_path / "first")
+    trainer.fit(model)
+    assert model.agent.steps == 600
+    (saved,) = (Path(trainer.logger.log_dir) / "checkpoints").iterdir()
+    resumed = JaderlModule("dqn", "jaderl/CartPole-v1", **TINY_DQN)
+    trainer = lightning_trainer(tmp_path / "again", max_epochs=10)
+    trainer.fit(resumed, ckpt_path=saved)
+    assert resumed.stop_reason == "total_steps" and resumed.agent.steps == 600
+
+
 def test_time_limit_counts_the_evaluations_as_jaderl_train_does(tmp_path: Path,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     evaluate = Trainer.evaluate
