@@ -13,6 +13,7 @@ the member trains again in seconds instead of waiting for a new process to impor
 
 from __future__ import annotations
 
+import gc
 import math
 import os
 import shutil
@@ -138,7 +139,10 @@ class Standby(Member):
         pass
 
     def start(self, settings: dict[str, Any], hyperparameters: dict[str, float] | None = None) -> int:
-        """Become the member ``Member(settings, hyperparameters)``; returns this process's id."""
+        """Become the member ``Member(settings, hyperparameters)`` (after the previous one's :meth:`close`, whose
+        Trainer, replay buffer included, is freed first); returns this process's id."""
+        if self.__dict__.pop("trainer", None) is not None:
+            gc.collect()
         Member.__init__(self, settings, hyperparameters)
         return os.getpid()
 

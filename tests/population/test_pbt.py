@@ -19,6 +19,7 @@ import signal
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -475,6 +476,13 @@ def test_a_standby_becomes_a_member(tmp_path: Path) -> None:
     assert standby.start({"algo": "ppo", "env": ENV, "seed": 0, "run_dir": str(tmp_path / "m"), **TINY}) == os.getpid()
     assert standby.describe()["steps"] == 0 and standby.train_for(64)["steps"] >= 64
     assert (tmp_path / "m" / "checkpoint.json").exists()
+    standby.close()
+    # the tournament's reuse: the same process becomes another member, of another algorithm, from step 0
+    first = weakref.ref(standby.trainer)
+    standby.start({"algo": "a2c", "env": ENV, "seed": 1, "run_dir": str(tmp_path / "m2"), "device": "cpu"})
+    assert first() is None, "the previous member's Trainer is still alive"
+    assert standby.describe()["algo"] == "a2c" and standby.describe()["steps"] == 0
+    assert standby.train_for(64)["steps"] >= 64 and (tmp_path / "m2" / "checkpoint.json").exists()
     standby.close()
 
 
