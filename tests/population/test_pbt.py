@@ -126,13 +126,18 @@ def test_a_member_whose_actions_become_nan_has_diverged(tmp_path: Path) -> None:
     member.close()
 
 
-def test_resume_refuses_settings_it_would_ignore(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def _refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """The stderr of ``jaderl ARGV``, which must refuse its input (exit status 2)."""
     with pytest.raises(SystemExit) as info:
-        main(["pbt", "--resume", str(tmp_path), "--members", "4", "--seed", "0", "--generations", "9"])
+        main(argv)
     assert info.value.code == 2
-    assert capsys.readouterr().err.strip() == ("jaderl: error: --resume takes the population's settings from POP_DIR; "
-                                               "drop --members, --seed (only --generations, --resources-per-member "
-                                               "and --address may change)")
+    return capsys.readouterr().err
+
+
+def test_resume_refuses_settings_it_would_ignore(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    err = _refused(["pbt", "--resume", str(tmp_path), "--members", "4", "--seed", "0", "--generations", "9"], capsys)
+    assert err.strip() == ("jaderl: error: --resume takes the population's settings from POP_DIR; drop --members, "
+                           "--seed (only --generations, --resources-per-member and --address may change)")
 
 
 @pytest.fixture
@@ -149,23 +154,18 @@ def test_tournament_refuses_an_algorithm_that_cannot_train_on_the_env(no_ray: No
                                                                        capsys: pytest.CaptureFixture[str]) -> None:
     """Every algorithm of a tournament is checked against the env as `jaderl pbt` checks its one, before any member
     starts (a DQN member on continuous actions used to score -inf after 0 steps, round after round)."""
-    with pytest.raises(SystemExit) as info:
-        main(["tournament", "ppo,dqn", "jaderl/Pendulum-v1", "--rounds", "3", "--pool", "2", "--period", "1000",
-              "--run-dir", str(tmp_path / "t")])
-    assert info.value.code == 2
-    err = capsys.readouterr().err.strip()
-    assert err == ("jaderl: error: dqn cannot train on jaderl/Pendulum-v1: its actions are continuous; use sac, td3 or "
-                   "ppo; run `jaderl algos` to see which algorithms fit")
+    err = _refused(["tournament", "ppo,dqn", "jaderl/Pendulum-v1", "--rounds", "3", "--pool", "2", "--period", "1000",
+                    "--run-dir", str(tmp_path / "t")], capsys)
+    assert err.strip() == ("jaderl: error: dqn cannot train on jaderl/Pendulum-v1: its actions are continuous; use "
+                           "sac, td3 or ppo; run `jaderl algos` to see which algorithms fit")
     assert not (tmp_path / "t").exists()
 
 
 def test_tournament_refuses_fusing_more_entries_than_the_leaderboard_holds(no_ray: None, tmp_path: Path,
                                                                            capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as info:
-        main(["tournament", "ppo", ENV, "--fuse-top", "10", "--leaderboard-size", "5", "--run-dir",
-              str(tmp_path / "t")])
-    assert info.value.code == 2
-    assert capsys.readouterr().err.strip() == (
+    err = _refused(["tournament", "ppo", ENV, "--fuse-top", "10", "--leaderboard-size", "5", "--run-dir",
+                    str(tmp_path / "t")], capsys)
+    assert err.strip() == (
         "jaderl: error: fuse_top=10 is out of range: it must be <= leaderboard_size=5, since a fused member averages "
         "entries of the leaderboard; lower --fuse-top or raise --leaderboard-size")
     assert not (tmp_path / "t").exists()
@@ -209,10 +209,7 @@ def test_resume_refuses_a_member_whose_checkpoint_is_damaged(no_ray: None, tmp_p
     [tensor_file] = (pop_dir / "members" / "m01").glob("ckpt-*.safetensors")
     tensor_file.write_bytes(tensor_file.read_bytes()[:tensor_file.stat().st_size // 2])  # truncated
     files = {p: p.read_bytes() for p in pop_dir.rglob("*") if p.is_file()}
-    with pytest.raises(SystemExit) as info:
-        main(["pbt", "--resume", str(pop_dir), "--generations", "3"])
-    assert info.value.code == 2
-    err = capsys.readouterr().err.strip()
+    err = _refused(["pbt", "--resume", str(pop_dir), "--generations", "3"], capsys).strip()
     assert err == (f"jaderl: error: member 1's checkpoint {tensor_file} is damaged (Error while deserializing header: "
                    "incomplete metadata, file not fully covered), so member 1 cannot continue from it; restore "
                    f"{pop_dir / 'members' / 'm01'} from a copy, or delete that directory to start member 1 again from "
@@ -552,11 +549,8 @@ def test_a_member_killed_mid_period_is_restarted_from_its_checkpoint(local_ray: 
 
 def test_too_many_members_are_refused_before_any_starts(local_ray: None, tmp_path: Path,
                                                         capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as info:
-        main(["pbt", "ppo", ENV, "--members", "3", "--resources-per-member", "cpu=1", "--run-dir",
-              str(tmp_path / "p")])
-    assert info.value.code == 2
-    err = capsys.readouterr().err
+    err = _refused(["pbt", "ppo", ENV, "--members", "3", "--resources-per-member", "cpu=1", "--run-dir",
+                    str(tmp_path / "p")], capsys)
     assert "3 members at cpu=1 need 3 CPUs, but the cluster has 2 CPUs" in err and len(err.splitlines()) == 1
     assert not (tmp_path / "p").exists()
 
@@ -564,9 +558,7 @@ def test_too_many_members_are_refused_before_any_starts(local_ray: None, tmp_pat
 def test_a_population_directory_in_use_is_refused(population: tuple[Path, dict, str],
                                                   capsys: pytest.CaptureFixture[str]) -> None:
     pop_dir, _, _ = population
-    with pytest.raises(SystemExit) as info:
-        main(["pbt", "ppo", ENV, "--run-dir", str(pop_dir)])
-    assert info.value.code == 2 and "continue it with --resume" in capsys.readouterr().err
+    assert "continue it with --resume" in _refused(["pbt", "ppo", ENV, "--run-dir", str(pop_dir)], capsys)
 
 
 def test_an_address_that_does_not_answer_is_one_sentence(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
