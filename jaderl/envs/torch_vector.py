@@ -20,7 +20,8 @@ What the adapter reads:
   converter cannot turn into a tensor; see ``tests/envs/test_torch_vector.py``). Isaac Lab gives no final
   observation: a sub-env truncated at its time limit then bootstraps from its reset observation, which Isaac Lab's own
   training scripts (rsl_rl, skrl) accept too; that is documented for it in docs/simulators.md.
-* **Episode length**: ``max_steps`` from the env's ``spec.max_episode_steps`` or Isaac Lab's ``max_episode_length``.
+* **Episode length**: ``max_steps`` from the env's ``spec.max_episode_steps``, a time-limit wrapper's
+  ``_max_episode_steps`` (ManiSkill3's) or Isaac Lab's ``max_episode_length``.
 
 Observations and rewards are checked for NaN only on the CPU (a check on a GPU would wait for the device every
 step); on a GPU the agent's loss check catches a diverged run.
@@ -28,6 +29,7 @@ step); on a GPU the agent's loss check catches a diverged run.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import gymnasium as gym
@@ -130,17 +132,20 @@ class TorchVectorEnv(VecEnv):
 
 def _episode_limit(env: Any) -> int:
     """The steps after which a sub-env is truncated, 0 when unknown: the env's spec (Gymnasium; a vector env built
-    from sub-envs gives theirs), ManiSkill3's ``max_episode_steps`` or Isaac Lab's ``max_episode_length``."""
+    from sub-envs gives theirs), a time-limit wrapper's ``_max_episode_steps`` found down the wrapper chain (ManiSkill3
+    keeps its limit there: Gymnasium 1.x leaves ``max_episode_steps`` of the unwrapped env's spec empty), or Isaac
+    Lab's ``max_episode_length``."""
     base = env.unwrapped
-    spec = getattr(base, "spec", None) or getattr(env, "spec", None)
-    if spec is None and hasattr(base, "get_attr"):
-        try:
-            spec = base.get_attr("spec")[0]
-        except (AttributeError, IndexError, TypeError):
-            spec = None
-    for limit in (getattr(spec, "max_episode_steps", None), getattr(base, "max_episode_steps", None),
-                  getattr(base, "max_episode_length", None)):
-        if isinstance(limit, int) and limit > 0:
-            return limit
-    return 0
-
+    specs = [getattr(base, "spec", None), getattr(env, "spec", None)]
+    if hasattr(base, "get_attr"):
+        with contextlib.suppress(AttributeError, IndexError, TypeError):
+            specs.append(base.get_attr("spec")[0])
+    limits = [getattr(spec, "max_episode_steps", None) for spec in specs]
+    layer, seen = env, set()
+    while layer is not None and id(layer) not in seen:  # the wrappers, outermost first
+        seen.add(id(layer))
+        limits += [getattr(layer, "_max_episode_steps", None), getattr(layer, "max_episode_steps", None)]
+        inner = getattr(layer, "_env", None)
+        layer = inner if inner is not None else getattr(layer, "env", None)
+    limits.append(getattr(base, "max_episode_length", None))
+    return next((limit for limit in limits if isinstance(limit, int) and limit > 0), 0)

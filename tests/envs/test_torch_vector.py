@@ -123,6 +123,25 @@ def test_dict_observations_rescaled_actions_and_no_final_observation() -> None:
         TorchVectorEnv(IsaacLike(2), obs_key="state")
 
 
+class TimeLimitWrapper(gym.Wrapper):
+    """ManiSkill3's time limit: a wrapper that keeps the limit as ``_max_episode_steps``."""
+
+    def __init__(self, env: gym.Env, max_episode_steps: int) -> None:
+        super().__init__(env)
+        self._max_episode_steps = max_episode_steps
+
+
+def test_episode_limit_found_down_the_wrapper_chain() -> None:
+    """ManiSkill3's layout: its vector env holds the time-limit wrapper as ``_env`` and its ``unwrapped`` is the task,
+    whose spec (set by gym.make) has no ``max_episode_steps``."""
+    sim = IsaacLike(2)
+    sim._env = TimeLimitWrapper(gym.make("CartPole-v1").unwrapped, 7)
+    sim.unwrapped = sim._env.unwrapped
+    del sim.max_episode_length
+    assert sim.unwrapped.spec is not None and sim.unwrapped.spec.max_episode_steps is None
+    assert TorchVectorEnv(sim).max_steps == 7
+
+
 def test_unsupported_spaces_and_bad_actions_are_one_sentence() -> None:
     sim = IsaacLike(2)
     sim.single_action_space = gym.spaces.Box(-np.inf, np.inf, (1,), np.float32)
