@@ -37,8 +37,10 @@ def flatten(obj: Any, tensors: dict[str, torch.Tensor], prefix: str = "") -> Any
         return {"__tensor__": prefix}
     if isinstance(obj, dict):
         if all(isinstance(k, str) for k in obj):
-            return {k: flatten(v, tensors, f"{prefix}/{k}") for k, v in obj.items()}
-        return {"__items__": [[k, flatten(v, tensors, f"{prefix}/{k}")] for k, v in obj.items()]}
+            # a key's "~" and "/" escaped as in a JSON pointer: {"a/b": x} and {"a": {"b": y}} get two tensor names
+            return {k: flatten(v, tensors, f"{prefix}/{k.replace('~', '~0').replace('/', '~1')}")
+                    for k, v in obj.items()}
+        return {"__items__": [[k, flatten(v, tensors, f"{prefix}/~{i}")] for i, (k, v) in enumerate(obj.items())]}
     if isinstance(obj, (list, tuple)):
         return [flatten(v, tensors, f"{prefix}/{i}") for i, v in enumerate(obj)]
     if obj is None or isinstance(obj, (bool, int, float, str)):
@@ -131,12 +133,9 @@ def finite_or_raise(state: Any, where: str, *, fix: str = "resume from an earlie
         if isinstance(obj, torch.Tensor):
             if (obj.is_floating_point() or obj.is_complex()) and not bool(torch.isfinite(obj).all()):
                 bad.append(name or "a tensor")
-        elif isinstance(obj, dict):
-            for key, value in obj.items():
+        elif isinstance(obj, (dict, list, tuple)):
+            for key, value in obj.items() if isinstance(obj, dict) else enumerate(obj):
                 visit(value, f"{name}.{key}" if name else str(key))
-        elif isinstance(obj, (list, tuple)):
-            for i, value in enumerate(obj):
-                visit(value, f"{name}.{i}" if name else str(i))
 
     visit(state, "")
     if bad:

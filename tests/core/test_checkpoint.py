@@ -76,6 +76,15 @@ def test_tensors_that_share_memory_are_saved(tmp_path: Path) -> None:
     assert all(torch.equal(loaded[k], v) for k, v in state.items())
 
 
+def test_keys_that_look_like_paths_keep_their_own_tensors(tmp_path: Path) -> None:
+    """A "/" inside a key (a metric name such as "loss/actor") does not make two entries share one tensor name, and
+    neither do an int key and its string."""
+    state = {"a/b": torch.tensor([1.0]), "a": {"b": torch.tensor([2.0]), "~1": torch.tensor([3.0])},
+             "mixed": {1: torch.tensor([4.0]), "1": torch.tensor([5.0])}, "a~1b": torch.tensor([6.0])}
+    save_checkpoint(tmp_path, state, step=1)
+    _assert_same(state, load_checkpoint(tmp_path))
+
+
 def test_flatten_rejects_other_objects() -> None:
     with pytest.raises(TypeError, match="cannot checkpoint a value of type object at /a/0"):
         flatten({"a": [object()]}, {})
