@@ -133,10 +133,16 @@ class PBTSettings:
 
 
 def check_fits(configs: Sequence[Config]) -> None:
-    """Refuse in one sentence, before any member starts, an env that does not exist or an algorithm of ``configs``
-    (members' configs of one env) that cannot train on it."""
+    """Refuse in one sentence, before any member starts, an env that does not exist, an algorithm of ``configs``
+    (members' configs of one env) that cannot train on it, or a game of opposing teams (simple_tag's predators and
+    prey), whose summed return, which ranks the members, does not rank policies."""
     env = make_env(configs[0].env, 1, "cpu")
     try:
+        teams = ", ".join(dict.fromkeys(env.spec.teams))
+        if len(set(env.spec.teams)) > 1:
+            raise ConfigError(f"{configs[0].env} is a game of opposing teams ({teams}), whose summed return does not "
+                              "rank policies, and a population ranks its members by it; train such a game with "
+                              "`jaderl train`")
         for config in configs:
             check_spec(config, ALGOS[config.algo].agent_cls, env.spec)
     finally:

@@ -161,6 +161,19 @@ def test_tournament_refuses_an_algorithm_that_cannot_train_on_the_env(no_ray: No
     assert not (tmp_path / "t").exists()
 
 
+def test_populations_refuse_a_game_of_opposing_teams(no_ray: None, tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """Members are ranked by their summed team return, which in simple_tag (predators against prey) does not rank
+    policies: `jaderl pbt` and `jaderl tournament` refuse it before any member starts."""
+    expected = ("jaderl: error: jaderl/simple_tag is a game of opposing teams (adversary, agent), whose summed return "
+                "does not rank policies, and a population ranks its members by it; train such a game with "
+                "`jaderl train`")
+    for argv in (["pbt", "maddpg", "jaderl/simple_tag", "--members", "2"], ["tournament", "maddpg,matd3",
+                                                                            "jaderl/simple_tag", "--pool", "2"]):
+        assert _refused([*argv, "--run-dir", str(tmp_path / "p")], capsys).strip() == expected
+        assert not (tmp_path / "p").exists()
+
+
 def test_tournament_refuses_fusing_more_entries_than_the_leaderboard_holds(no_ray: None, tmp_path: Path,
                                                                            capsys: pytest.CaptureFixture[str]) -> None:
     err = _refused(["tournament", "ppo", ENV, "--fuse-top", "10", "--leaderboard-size", "5", "--run-dir",
