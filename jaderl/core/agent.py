@@ -87,6 +87,8 @@ class Agent:
         self.episodes = EpisodeStats(spec.num_envs, spec.num_agents, device, spec.teams)
         self.grad_hook: Callable[[list[nn.Parameter]], None] | None = None
         """Called by ``optimize`` between backward and clipping (data-parallel learners average gradients there)."""
+        self.stats_hook: Callable[[ObsNorm], None] | None = None  # called with a normaliser that an update changes,
+        # then reads (MAPPO's value targets): data-parallel learners merge it there (jaderl.parallel.ddp.Learners)
 
     @classmethod
     def accepts(cls, spec: EnvSpec) -> str | None:

@@ -25,10 +25,10 @@ states are never a rollout's ``obs`` (the env resets first), so the critic is ne
 whose observations carry no time, IPPO's agents learned to drift to where the critic over-estimated them (team return
 -100 after 200k steps, worse than random). Value normalisation (the MAPPO paper's ``use_valuenorm``, on by default):
 the critic predicts values in units of a running mean and standard deviation of the value targets (``value_norm``, a
-running statistic: checkpointed, and merged exactly by data-parallel learners); GAE reads the denormalised
-predictions, and the value loss compares the prediction with the normalised target. The statistics are those of every
-target seen (the paper's exponential average with beta = 0.99999 is nearly that), updated once per rollout before its
-epochs. The actor and the critic are tanh MLPs (``activation``) trained by one Adam (the paper's two optimizers share
+running statistic: checkpointed, and merged exactly by data-parallel learners before any of them normalises its
+targets with it); GAE reads the denormalised predictions, and the value loss compares the prediction with the
+normalised target. The statistics are those of every target seen (the paper's exponential average with beta =
+0.99999 is nearly that), updated once per rollout before its epochs. The actor and the critic are tanh MLPs (``activation``) trained by one Adam (the paper's two optimizers share
 one learning rate). Discrete and continuous actions; the defaults are tuned for ``jaderl/simple_spread``.
 """
 
@@ -152,6 +152,8 @@ class MAPPO(MultiAgent, OnPolicyAgent):
             data["advantage"], target, value = self.returns(data)
             explained = explained_variance(value, target)
             self.value_norm.update(target)
+            if self.stats_hook is not None:  # data-parallel learners: every learner's targets, one statistic
+                self.stats_hook(self.value_norm)
             data["value_target"] = self.value_norm(target)  # in the critic's units
         batch = {k: data[k].flatten(0, 1) for k in ("obs", "state", "action", "log_prob", "advantage",
                                                     "value_target")}  # (T * N, ...)

@@ -9,8 +9,10 @@ the ordinary training loop (:func:`jaderl.core.loop.train`) with a :class:`Learn
   networks and optimizer states stay identical on all learners: each step learns from ``learners x batch`` samples;
 * after each update merges what is learned outside gradients: observation-normalisation statistics (exactly, as if
   one normaliser had seen every learner's observations) and scalar running statistics such as ModSAC's critic-loss
-  average (averaged); it checks that the learners' counters agree and counts every learner's env steps in
-  ``agent.steps``, so ``total_steps``, ``eval_every``, warm-up and decay schedules count env steps of all learners;
+  average (averaged), and, within an update, a normaliser the update changes and then reads (MAPPO's value
+  targets, through ``Agent.stats_hook``) as soon as it changes; it checks that the learners' counters agree and
+  counts every learner's env steps in ``agent.steps``, so ``total_steps``, ``eval_every``, warm-up and decay
+  schedules count env steps of all learners;
 * lets learner 0 evaluate, log and decide when to stop; the decision reaches every learner in the same iteration.
 
 Learner 0 writes the run directory as a single-process run does; learner r > 0 checkpoints its own buffer and RNG
@@ -100,6 +102,36 @@ def _obs_norms(agent: Agent) -> list[ObsNorm]:
     return list(found.values())
 
 
+Snapshot = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+"""A normaliser's count, mean and variance (float64) at the last merge."""
+
+
+def _snapshot_of(norm: ObsNorm) -> Snapshot:
+    return norm.count.double().clone(), norm.mean.double().clone(), norm.var.double().clone()
+
+
+def _norm_row(norm: ObsNorm, snapshot: Snapshot) -> list[torch.Tensor]:
+    """What this learner added to ``norm`` since ``snapshot``: the number of its new samples, their sum and their
+    scatter about the snapshot's mean (float64), to be summed over the learners by :func:`_merge_norm`."""
+    count0, mean0, var0 = snapshot
+    count, shift = norm.count.double(), norm.mean.double() - mean0
+    return [(count - count0).reshape(1), (count * shift).reshape(-1),
+            (count * norm.var.double() + count * shift.square() - count0 * var0).reshape(-1)]
+
+
+def _merge_norm(norm: ObsNorm, snapshot: Snapshot, total: torch.Tensor) -> None:
+    """Set ``norm`` to the statistics of the snapshot's samples and every learner's new ones (``total``: the sum of
+    the learners' :func:`_norm_row`), exactly as if one process had seen them all."""
+    count0, mean0, var0 = snapshot
+    size = mean0.numel()
+    added, shifted, scatter = total[0], total[1:1 + size], total[1 + size:1 + 2 * size]
+    count = count0 + added
+    shift = shifted.view_as(mean0) / count
+    norm.mean.copy_(mean0 + shift)
+    norm.var.copy_((count0 * var0 + scatter.view_as(var0)) / count - shift.square())
+    norm.count.copy_(count)
+
+
 class Learners:
     """The :class:`jaderl.core.loop.Coordinator` of one learner among ``dist.get_world_size(group)``."""
 
@@ -112,7 +144,7 @@ class Learners:
         self.is_main = self.rank == 0
         self._steps = 0  # agent.steps after the last merge
         self.device = torch.device("cpu")  # where collectives' small tensors live: the agent's device
-        self._norm_snapshots: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+        self._norm_snapshots: list[Snapshot] = []
 
     def attach(self, agent: Agent) -> None:
         """Copy learner 0's state to this learner and average every later gradient step."""
@@ -130,12 +162,28 @@ class Learners:
         dist.broadcast(counters, group=self.group, group_src=0)
         agent.load_counters(dict(zip(own, counters.tolist(), strict=True)))
         agent.grad_hook = lambda params: average_gradients(params, self.group)
+        agent.stats_hook = lambda norm: self.merge_now(agent, norm)
         self._steps = agent.steps
         self._snapshot(agent)
 
     def _snapshot(self, agent: Agent) -> None:
-        self._norm_snapshots = [(n.count.double().clone(), n.mean.double().clone(), n.var.double().clone())
-                                for n in _obs_norms(agent)]
+        self._norm_snapshots = [_snapshot_of(n) for n in _obs_norms(agent)]
+
+    @torch.no_grad()
+    def merge_now(self, agent: Agent, norm: ObsNorm) -> None:
+        """Merge ``norm``, which an update has just changed and reads next (MAPPO's value normaliser, before its
+        targets are normalised), exactly as :meth:`after_update` merges every normaliser, so that every learner
+        normalises with the statistics of all learners' data; its snapshot moves on, so after_update does not count
+        that data twice. Called through ``agent.stats_hook``."""
+        norms = _obs_norms(agent)
+        i = next((i for i, n in enumerate(norms) if n is norm), None)
+        if i is None:  # disabled: nothing to merge
+            return
+        row = torch.cat(_norm_row(norm, self._norm_snapshots[i]))
+        rows = [torch.empty_like(row) for _ in range(self.world)]
+        dist.all_gather(rows, row, group=self.group)
+        _merge_norm(norm, self._norm_snapshots[i], torch.stack(rows).sum(0))
+        self._norm_snapshots[i] = _snapshot_of(norm)
 
     @torch.no_grad()
     def after_update(self, agent: Agent) -> None:
@@ -147,11 +195,8 @@ class Learners:
         counters = list(values)
         parts = [torch.tensor([agent.steps - self._steps, *(float(v) for v in values.values())],
                               dtype=torch.float64, device=agent.device)]
-        for norm, (count0, mean0, var0) in zip(norms, self._norm_snapshots, strict=True):
-            count, shift = norm.count.double(), norm.mean.double() - mean0
-            # this learner's observations since the snapshot: their number, sum and scatter about mean0
-            parts += [(count - count0).reshape(1), (count * shift).reshape(-1),
-                      (count * norm.var.double() + count * shift.square() - count0 * var0).reshape(-1)]
+        for norm, snapshot in zip(norms, self._norm_snapshots, strict=True):
+            parts += _norm_row(norm, snapshot)
         parts += [t.to(agent.device, torch.float64).reshape(-1) for t in averaged]
         row = torch.cat(parts)
         rows = [torch.empty_like(row) for _ in range(self.world)]
@@ -165,16 +210,10 @@ class Learners:
                                 "the algorithm's control flow must not depend on a learner's own data")
         agent.steps = self._steps = self._steps + int(total[0].item())
         offset = 1 + len(counters)
-        for norm, (count0, mean0, var0) in zip(norms, self._norm_snapshots, strict=True):
-            size = norm.mean.numel()
-            added, shifted, scatter = (total[offset], total[offset + 1:offset + 1 + size],
-                                       total[offset + 1 + size:offset + 1 + 2 * size])
-            offset += 1 + 2 * size
-            count = count0 + added
-            shift = shifted.view_as(mean0) / count
-            norm.mean.copy_(mean0 + shift)
-            norm.var.copy_((count0 * var0 + scatter.view_as(var0)) / count - shift.square())
-            norm.count.copy_(count)
+        for norm, snapshot in zip(norms, self._norm_snapshots, strict=True):
+            size = 1 + 2 * norm.mean.numel()
+            _merge_norm(norm, snapshot, total[offset:offset + size])
+            offset += size
         for t in averaged:
             t.copy_((total[offset:offset + t.numel()] / self.world).view_as(t))
             offset += t.numel()

@@ -28,6 +28,7 @@ from jaderl.algos.ppo import PPO
 from jaderl.algos.sac import SAC
 from jaderl.api import make_config
 from jaderl.cli import main
+from jaderl.core.buffers import RolloutBuffer
 from jaderl.core.checkpoint import load_checkpoint
 from jaderl.core.config import ConfigError
 from jaderl.core.loop import TrainingError
@@ -204,6 +205,38 @@ def test_reward_normalisers_merge_and_keep_their_own_returns(in_threads: Callabl
         for name in ("mean", "var"):
             torch.testing.assert_close(getattr(agent.reward_norm, name), getattr(pooled, name))
         assert agent.reward_norm.count.item() == pytest.approx(24, abs=1e-3)
+
+
+def test_mappo_learners_normalise_value_targets_with_every_learners_statistics(
+        in_threads: Callable[..., list[Any]]) -> None:
+    """MAPPO updates its value normaliser with a rollout's targets and normalises them with it at once: through
+    ``agent.stats_hook`` every learner's targets are normalised with the statistics of all learners' targets, and
+    after_update does not count them twice."""
+    from tests.marl.test_mappo import make_agent, random_rollout
+
+    agents = [make_agent("mappo", num_epochs=1), make_agent("mappo", num_epochs=1)]
+    rollouts = [random_rollout(seed) for seed in range(2)]
+    for r, rollout in enumerate(rollouts):
+        rollout["reward"] = rollout["reward"] * (r + 1) * 10 + 5 * r  # learners see targets of different scales
+    with torch.no_grad():
+        targets = [agents[0].returns(rollout)[1] for rollout in rollouts]
+    reference = ObsNorm((1,), True)
+    reference.update(torch.cat(targets))  # one normaliser that saw both learners' targets
+    buffers = [RolloutBuffer(), RolloutBuffer()]
+
+    def learn(rank: int, group: dist.ProcessGroup) -> None:
+        coordinator = Learners(group)
+        coordinator.attach(agents[rank])
+        buffers[rank].add(rollouts[rank])
+        agents[rank].update(buffers[rank])
+        coordinator.after_update(agents[rank])
+
+    in_threads(2, learn)
+    for agent, buffer, target in zip(agents, buffers, targets, strict=True):
+        torch.testing.assert_close(buffer.data["value_target"],
+                                   (target - reference.mean) / (reference.var + 1e-8).sqrt())
+        for name in ("mean", "var", "count"):
+            torch.testing.assert_close(getattr(agent.value_norm, name), getattr(reference, name))
 
 
 def test_diverging_counters_are_an_error(in_threads: Callable[..., list[Any]]) -> None:
