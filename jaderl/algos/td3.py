@@ -109,12 +109,16 @@ class TD3(WithHTerm, OffPolicyAgent):
     def state_dict(self) -> dict[str, Any]:
         # the OU noise of every sub-env, which goes on with the episodes a resumed run continues (torch-native envs);
         # not a running statistic: data-parallel learners each keep their own
-        return super().state_dict() | ({"ou_noise": self.ou_noise.clone()} if self.config.noise == "ou" else {})
+        # and the latest actor loss, which the updates report until the next delayed actor step
+        loss = {} if self.actor_loss_value is None else {"actor_loss_value": self.actor_loss_value.clone()}
+        return super().state_dict() | ({"ou_noise": self.ou_noise.clone()} if self.config.noise == "ou" else {}) | loss
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         if "ou_noise" in state and state["ou_noise"].shape == self.ou_noise.shape:
             self.ou_noise = state["ou_noise"].to(self.device, copy=True)
+        if "actor_loss_value" in state:
+            self.actor_loss_value = state["actor_loss_value"].to(self.device, copy=True)
 
     def hterm_log_prob(self, features: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
         """The Gaussian log-likelihood of the exploration noise around mu(s), up to a constant."""

@@ -135,6 +135,19 @@ def test_actor_and_targets_update_every_policy_delay_critic_steps(algo: str, del
     assert agent.num_updates == 9
 
 
+def test_a_resumed_agent_reports_the_latest_actor_loss_until_its_next_actor_step() -> None:
+    agent = make_agent("td3", policy_delay=3)
+    for step in range(1, 5):  # the actor stepped at 3; update 4 reports that loss
+        stats, _ = agent.update_once(random_batch(step))
+    resumed = make_agent("td3", policy_delay=3)
+    resumed.load_state_dict(agent.state_dict())
+    resumed.load_counters(agent.counters())
+    assert torch.equal(resumed.update_once(random_batch(5))[0]["loss/actor"], stats["loss/actor"])
+    fresh = make_agent("td3", policy_delay=3)
+    fresh.load_state_dict(make_agent("td3", policy_delay=3).state_dict())  # no actor step yet: nothing to report
+    assert fresh.actor_loss_value is None
+
+
 def test_ddpg_preset() -> None:
     config = make_config("ddpg", "jaderl/Pendulum-v1")
     assert (config.num_critics, config.policy_delay, config.target_noise) == (1, 1, 0.0)
