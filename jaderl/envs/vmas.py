@@ -35,6 +35,7 @@ contract of :class:`~jaderl.envs.vec.EnvSpec` for the scenario's ``A`` policy ag
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import numpy as np
@@ -65,8 +66,15 @@ class VmasVecEnv(VecEnv):
         if num_envs < 1 or max_steps < 0:
             raise EnvError(f"num_envs ({num_envs}) must be at least 1 and max_steps ({max_steps}) at least 0 "
                            "(0: no time limit)")
-        self.env = vmas.make_env(scenario, num_envs=num_envs, device=device, continuous_actions=continuous,
-                                 max_steps=max_steps or None, seed=seed, terminated_truncated=True, **kwargs)
+        with warnings.catch_warnings():  # VMAS only warns of options its scenario does not read: a typo would pass
+            warnings.filterwarnings("error", message=".*passed but not used by the scenario")
+            try:
+                self.env = vmas.make_env(scenario, num_envs=num_envs, device=device, continuous_actions=continuous,
+                                         max_steps=max_steps or None, seed=seed, terminated_truncated=True, **kwargs)
+            except UserWarning as exc:
+                unused = str(exc).partition("kwargs: ")[2].partition(" passed")[0]
+                raise EnvError(f"VMAS scenario {scenario!r} reads no option {unused}; see the scenario's make_world "
+                               "for the options it reads") from None
         self.device = self.env.device
         self.num_envs, self.max_steps, self.is_discrete = num_envs, max_steps, not continuous
         self.agents = tuple(agent.name for agent in self.env.agents)

@@ -45,6 +45,9 @@ def test_options_in_the_id_go_to_the_scenario() -> None:
     from jaderl.envs import make_env
 
     assert make_env("vmas/navigation?n_agents=2&continuous=true", 2, "cpu", seed=0).spec.num_agents == 2
+    with pytest.raises(EnvError, match=r"^VMAS scenario 'navigation' reads no option \{'n_agnets': 2\}; see the "
+                                       "scenario's make_world for the options it reads$"):
+        make_env("vmas/navigation?n_agnets=2", 2, "cpu", seed=0)  # VMAS itself only warns, and trains 4 agents
 
 
 @pytest.mark.parametrize(("scenario", "continuous"), [("navigation", False), ("balance", True)])
