@@ -28,8 +28,9 @@ the critic predicts values in units of a running mean and standard deviation of 
 running statistic: checkpointed, and merged exactly by data-parallel learners before any of them normalises its
 targets with it); GAE reads the denormalised predictions, and the value loss compares the prediction with the
 normalised target. The statistics are those of every target seen (the paper's exponential average with beta =
-0.99999 is nearly that), updated once per rollout before its epochs. The actor and the critic are tanh MLPs (``activation``) trained by one Adam (the paper's two optimizers share
-one learning rate). Discrete and continuous actions; the defaults are tuned for ``jaderl/simple_spread``.
+0.99999 is nearly that), updated once per rollout before its epochs. The actor and the critic are tanh MLPs
+(``activation``) trained by one Adam (the paper's two optimizers share one learning rate). Discrete and continuous
+actions; the defaults are tuned for ``jaderl/simple_spread``.
 """
 
 from __future__ import annotations
