@@ -5,25 +5,31 @@ Usage (from the repository root, on a machine with a CUDA GPU and Vulkan; ``pip 
     python benchmarks/maniskill.py                                    # both sections, PushCube-v1
     python benchmarks/maniskill.py --section env --counts 1024,4096   # env throughput only
     python benchmarks/maniskill.py --section ppo --ppo-steps 2000000
+    python benchmarks/maniskill.py --sim cpu --counts 1 --ppo-steps 20000 --episodes 20   # CPU simulation, 1 sub-env
 
 Prints markdown tables to stdout and writes no file (``--run-dir`` keeps the PPO run's metrics and checkpoints).
 
 Sections
     env   env-steps/s of ``step`` with random actions at each of ``--counts`` sub-envs, on ManiSkill3's GPU
-          simulation (``sim_backend="physx_cuda"``, ``obs_mode="state"``, control ``pd_joint_delta_pos``): its own
+          simulation (``sim_backend="physx_cuda"``; ``--sim cpu``: ``physx_cpu``, one sub-env, its tensors moved to
+          the GPU by the adapter), ``obs_mode="state"``, control ``pd_joint_delta_pos``: its own
           ``ManiSkillVectorEnv`` (auto-reset, terminations kept) stepped with actions in the action space's bounds,
           against the same env instance wrapped in jaderl's ``TorchVectorEnv`` and stepped with actions in
           ``[-1, 1]`` (which it rescales, and whose flags, rewards and final observations it hands over as jaderl's
           contract wants them). Actions are drawn on the GPU beforehand (a pool of 16 batches, cycled); each timing
           lasts about ``--min-time`` seconds and ends with a device synchronisation; the table gives the median of
           ``--repeats`` timings taken round-robin. The ratio is the adapter's cost: 1.0 would be none.
-    ppo   jaderl's PPO on ``maniskill/TASK`` (registered with ``jaderl.envs.register_env`` exactly as
+    ppo   jaderl's PPO on ``maniskill/TASK`` (registered with ``jaderl.envs.register_env`` as
           docs/simulators.md shows), with ManiSkill3's published PPO baseline settings for PushCube-v1 (2,048 sub-envs,
           rollouts of 20 steps, 8 epochs of minibatches of 1,280, gamma 0.8, GAE lambda 0.9, gradient clipping at 0.5,
           target KL 0.1, actor and critic MLPs of [256, 256, 256] tanh; total 2M env steps). Reports training
           samples/s (env steps per second of training wall time, evaluations included) and the success rate of the
-          final deterministic policy over ``--success-envs`` fresh episodes (a PushCube episode ends early, terminated,
-          when the cube reaches its goal; success = terminated before the time limit).
+          final deterministic policy over ``--episodes`` fresh episodes (a PushCube episode ends early, terminated,
+          when the cube reaches its goal; success = terminated before the time limit). ``--sim cpu`` trains on one
+          sub-env (rollouts of 500 steps, minibatches of 250) with the learner on the GPU.
+
+SAPIEN downloads PhysX's GPU library from GitHub on the first GPU simulation (see docs/simulators.md); a machine
+without network access needs it in place beforehand.
 """
 
 from __future__ import annotations
