@@ -19,14 +19,15 @@ Sections
           contract wants them). Actions are drawn on the GPU beforehand (a pool of 16 batches, cycled); each timing
           lasts about ``--min-time`` seconds and ends with a device synchronisation; the table gives the median of
           ``--repeats`` timings taken round-robin. The ratio is the adapter's cost: 1.0 would be none.
-    ppo   jaderl's PPO on ``maniskill/TASK`` (registered with ``jaderl.envs.register_env`` as
-          docs/simulators.md shows), with ManiSkill3's published PPO baseline settings for PushCube-v1 (2,048 sub-envs,
-          rollouts of 20 steps, 8 epochs of minibatches of 1,280, gamma 0.8, GAE lambda 0.9, gradient clipping at 0.5,
-          target KL 0.1, actor and critic MLPs of [256, 256, 256] tanh; total 2M env steps). Reports training
+    ppo   jaderl's PPO on ``maniskill/TASK`` (jaderl's id for ManiSkill3's tasks), with ManiSkill3's published PPO
+          baseline settings for PushCube-v1 (2,048 sub-envs, rollouts of 20 steps, 8 epochs of minibatches of 1,280,
+          gamma 0.8, GAE lambda 0.9, gradient clipping at 0.5, target KL 0.1, actor and critic MLPs of
+          [256, 256, 256] tanh; total 2M env steps). Reports training
           samples/s (env steps per second of training wall time, evaluations included) and the success rate of the
           final deterministic policy over ``--episodes`` fresh episodes (a PushCube episode ends early, terminated,
           when the cube reaches its goal; success = terminated before the time limit). ``--sim cpu`` trains on one
-          sub-env (rollouts of 500 steps, minibatches of 250) with the learner on the GPU.
+          sub-env (rollouts of 500 steps, minibatches of 250) with the learner on the GPU, on ``maniskill-cpu/TASK``,
+          which the script registers with ``jaderl.envs.register_env``.
 
 SAPIEN downloads PhysX's GPU library from GitHub on the first GPU simulation (see docs/simulators.md); a machine
 without network access needs it in place beforehand.
@@ -64,12 +65,15 @@ def maniskill_env(task: str, num_envs: int, sim: str) -> gym.vector.VectorEnv:
 
 
 def register(task: str, sim: str) -> str:
-    """Register ``maniskill/TASK`` as docs/simulators.md shows; returns the id."""
+    """The id PPO trains on: jaderl's own ``maniskill/TASK`` (GPU simulation on the training device), or, for the CPU
+    simulation with the learner on the GPU, ``maniskill-cpu/TASK`` registered with ``jaderl.envs.register_env``."""
+    if sim == "gpu":
+        return f"maniskill/{task}"
 
     def factory(num_envs: int, device: torch.device, seed: int | None) -> TorchVectorEnv:
         return TorchVectorEnv(maniskill_env(task, num_envs, sim), device)
 
-    name = f"maniskill/{task}"
+    name = f"maniskill-cpu/{task}"
     register_env(name, factory)
     return name
 

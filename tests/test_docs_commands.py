@@ -16,7 +16,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 PLACEHOLDERS = ("ALGO", "RUN_DIR", "runs/RUN", "runs/X", "FILE.yaml", "...", "$PWD", "POP_DIR")
 """Commands that show a form rather than a command to type are left out."""
-NEEDS = {"HalfCheetah-v5": "mujoco", "ALE/": "ale_py", "brax/": "brax", "playground/": "mujoco_playground"}
+NEEDS = {"HalfCheetah-v5": "mujoco", "ALE/": "ale_py", "brax/": "brax", "playground/": "mujoco_playground",
+         "maniskill/": "mani_skill"}
 
 
 def _commands() -> list[tuple[str, str]]:

@@ -130,7 +130,8 @@ def make_env(name: str, num_envs: int, device: torch.device | str = "cpu", seed:
     """Build ``num_envs`` copies of env ``name``: a built-in torch env (``jaderl/...``), an Atari game (``ALE/...`` or
     ale-py's older ids such as ``PongNoFrameskip-v4``, preprocessed as in :mod:`jaderl.envs.atari`), a VMAS scenario
     (``vmas/navigation``), a Brax env (``brax/ant``), a MuJoCo Playground env (``playground/CartpoleBalance``), a
-    PettingZoo parallel env (``pettingzoo/mpe2.simple_spread_v3``) or any Gymnasium id.
+    ManiSkill3 task (``maniskill/PushCube-v1``), a PettingZoo parallel env (``pettingzoo/mpe2.simple_spread_v3``), an
+    id registered with :func:`register_env` or any Gymnasium id.
 
     Options after ``?`` (``jaderl/simple_spread?continuous=true&num_agents=4``) go to the env's constructor, a
     torch-native env's checked against its signature first (see ``_options``); each is given once.
@@ -162,6 +163,11 @@ def make_env(name: str, num_envs: int, device: torch.device | str = "cpu", seed:
         from jaderl.envs.brax import make_playground_env
 
         return make_playground_env(base, num_envs, device, seed=seed, **_options(name, query))
+    if name.startswith("maniskill/"):  # ManiSkill3's tasks, tensors as they are (pip install 'jaderl[maniskill]')
+        from jaderl.envs.torch_vector import make_maniskill_env
+
+        with _options_taken(name):  # maniskill/PickCube-v1?control_mode=pd_ee_delta_pose: gym.make's options
+            return make_maniskill_env(base, num_envs, device, seed=seed, **_options(name, query))
     if name.startswith("pettingzoo/"):  # any PettingZoo parallel env by module path (pip install 'jaderl[marl]')
         from jaderl.envs.pettingzoo import make_pettingzoo_env
 

@@ -130,6 +130,33 @@ class TorchVectorEnv(VecEnv):
         self.env.close()
 
 
+MANISKILL_EXTRA = "pip install 'jaderl[maniskill]' (ManiSkill3 and SAPIEN; its GPU simulation needs a CUDA GPU)"
+
+
+def make_maniskill_env(name: str, num_envs: int, device: str | torch.device = "cuda", seed: int | None = None,
+                       obs_mode: str = "state", control_mode: str = "pd_joint_delta_pos", **options: Any) -> VecEnv:
+    """``num_envs`` sub-envs of the ManiSkill3 task ``name`` (``PushCube-v1`` or ``maniskill/PushCube-v1``) in a
+    :class:`TorchVectorEnv`: ManiSkill3's GPU simulation on a CUDA ``device``, its CPU simulation (one sub-env per
+    process) otherwise; auto-reset inside ``step``, terminations kept (a task's success ends its episode), final
+    observations read. ``obs_mode`` must give a tensor (``state``); ``options`` go to the task's ``gym.make``. The
+    env is seeded by its first ``reset(seed)``, as the Trainer and evaluator call it (``seed`` is not used here)."""
+    device = torch.device(device)
+    if device.type != "cuda" and num_envs != 1:
+        raise EnvError(f"ManiSkill3 simulates one sub-env per process on the CPU, and {num_envs} were asked for; pass "
+                       "--device cuda for its GPU simulation, or num_envs=1 and eval_episodes=1")
+    try:
+        import mani_skill.envs  # noqa: F401  (registers ManiSkill3's tasks with Gymnasium)
+        from mani_skill.vector.wrappers.gymnasium import ManiSkillVectorEnv
+    except ImportError:
+        raise EnvError(f"ManiSkill3 envs need the mani_skill package: {MANISKILL_EXTRA}") from None
+    task = name.removeprefix("maniskill/")
+    if task not in gym.registry:
+        raise EnvError(f"unknown ManiSkill3 task {task!r}; see ManiSkill3's task list (e.g. PushCube-v1, PickCube-v1)")
+    env = gym.make(task, num_envs=num_envs, obs_mode=obs_mode, control_mode=control_mode, render_mode=None,
+                   sim_backend="physx_cuda" if device.type == "cuda" else "physx_cpu", **options)
+    return TorchVectorEnv(ManiSkillVectorEnv(env, auto_reset=True, ignore_terminations=False), device)
+
+
 def _episode_limit(env: Any) -> int:
     """The steps after which a sub-env is truncated, 0 when unknown: the env's spec (Gymnasium; a vector env built
     from sub-envs gives theirs), a time-limit wrapper's ``_max_episode_steps`` found down the wrapper chain (ManiSkill3

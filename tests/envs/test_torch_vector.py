@@ -142,6 +142,92 @@ def test_episode_limit_found_down_the_wrapper_chain() -> None:
     assert TorchVectorEnv(sim).max_steps == 7
 
 
+class FakeTask(gym.Env):
+    """What ``gym.make`` builds of a ManiSkill3 task (its keyword arguments recorded), here a 2-number state."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        self.kwargs = kwargs
+        self.observation_space = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
+        self.action_space = gym.spaces.Box(-2.0, 2.0, (1,), np.float32)
+
+
+class FakeManiSkillVectorEnv:
+    """ManiSkill3's vector wrapper: tensors in and out, its time-limit wrapper held as ``_env``."""
+
+    def __init__(self, env: gym.Env, auto_reset: bool, ignore_terminations: bool) -> None:
+        self._env, self.options = env, {"auto_reset": auto_reset, "ignore_terminations": ignore_terminations}
+        self.num_envs = env.unwrapped.kwargs["num_envs"]
+        self.single_observation_space = env.unwrapped.observation_space
+        self.single_action_space = env.unwrapped.action_space
+        self.unwrapped = env.unwrapped
+
+    def reset(self, seed: int | None = None) -> tuple[torch.Tensor, dict]:
+        return torch.zeros(self.num_envs, 2), {}
+
+    def step(self, action: torch.Tensor) -> tuple[Any, ...]:
+        done = torch.zeros(self.num_envs, dtype=torch.bool)
+        return torch.ones(self.num_envs, 2), action[:, 0].clone(), done, done, {}
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.fixture
+def fake_maniskill(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    """A stand-in for the mani_skill package and one task, ``FakeCube-v1``; returns the ``gym.make`` calls' options."""
+    import sys
+    import types
+
+    made: list[dict[str, Any]] = []
+    wrappers = types.ModuleType("mani_skill.vector.wrappers.gymnasium")
+    wrappers.ManiSkillVectorEnv = FakeManiSkillVectorEnv  # type: ignore[attr-defined]
+    for module in ("mani_skill", "mani_skill.envs", "mani_skill.vector", "mani_skill.vector.wrappers"):
+        monkeypatch.setitem(sys.modules, module, types.ModuleType(module))
+    monkeypatch.setitem(sys.modules, "mani_skill.vector.wrappers.gymnasium", wrappers)
+    monkeypatch.setitem(gym.registry, "FakeCube-v1", None)
+
+    def make(task: str, **kwargs: Any) -> gym.Env:
+        made.append({"task": task, **kwargs})
+        return TimeLimitWrapper(FakeTask(**kwargs), 50)
+
+    monkeypatch.setattr(gym, "make", make)
+    return made
+
+
+def test_maniskill_ids(fake_maniskill: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch) -> None:
+    env = make_env("maniskill/FakeCube-v1?control_mode=pd_ee_delta_pose", 1, "cpu", seed=0)
+    assert fake_maniskill == [{"task": "FakeCube-v1", "num_envs": 1, "obs_mode": "state",
+                               "control_mode": "pd_ee_delta_pose", "render_mode": None, "sim_backend": "physx_cpu"}]
+    assert isinstance(env, TorchVectorEnv) and env.max_steps == 50 and env.obs_shape == (2,)
+    assert env.env.options == {"auto_reset": True, "ignore_terminations": False}
+    _, reward, *_ = env.step(torch.tensor([[1.0]]))
+    assert reward.tolist() == [2.0]  # jaderl's 1 is the task's upper bound
+    with pytest.raises(EnvError, match=r"^ManiSkill3 simulates one sub-env per process on the CPU, and 4 were asked "
+                                       r"for; pass --device cuda for its GPU simulation, or num_envs=1 and "
+                                       r"eval_episodes=1$"):
+        make_env("maniskill/FakeCube-v1", 4, "cpu")
+    with pytest.raises(EnvError, match=r"^unknown ManiSkill3 task 'NoCube-v1'; see ManiSkill3's task list"):
+        make_env("maniskill/NoCube-v1", 1, "cpu")
+
+    def strict(task: str, **kwargs: Any) -> None:
+        raise TypeError("PushCubeEnv.__init__() got an unexpected keyword argument 'colour'")  # as a task says it
+
+    monkeypatch.setattr(gym, "make", strict)
+    with pytest.raises(EnvError, match=r"^env 'maniskill/FakeCube-v1\?colour=red': PushCubeEnv got an unexpected "
+                                       r"keyword argument 'colour'; see the env's docstring for its options$"):
+        make_env("maniskill/FakeCube-v1?colour=red", 1, "cpu")
+
+
+def test_maniskill_ids_without_the_package(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "mani_skill", None)
+    with pytest.raises(EnvError, match=r"^ManiSkill3 envs need the mani_skill package: pip install "
+                                       r"'jaderl\[maniskill\]' \(ManiSkill3 and SAPIEN; its GPU simulation needs a "
+                                       r"CUDA GPU\)$"):
+        make_env("maniskill/PushCube-v1", 1, "cpu")
+
+
 def test_unsupported_spaces_and_bad_actions_are_one_sentence() -> None:
     sim = IsaacLike(2)
     sim.single_action_space = gym.spaces.Box(-np.inf, np.inf, (1,), np.float32)
