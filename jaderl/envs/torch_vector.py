@@ -23,6 +23,9 @@ What the adapter reads:
 * **Episode length**: ``max_steps`` from the env's ``spec.max_episode_steps``, a time-limit wrapper's
   ``_max_episode_steps`` (ManiSkill3's) or Isaac Lab's ``max_episode_length``.
 
+:func:`make_maniskill_env` builds ManiSkill3's tasks this way for the ids ``maniskill/<Task>``
+(``jaderl.envs.make_env``).
+
 Observations and rewards are checked for NaN only on the CPU (a check on a GPU would wait for the device every
 step); on a GPU the agent's loss check catches a diverged run.
 """
