@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import json
+import numbers
 import os
 import re
 from collections.abc import Callable
@@ -184,6 +185,8 @@ def load(run_dir: str | Path, best: bool = True, device: str = "cpu") -> Agent:
     does not stop an evaluation; the checkpoint's tensors are read for ``best=False`` or a run without a best policy.
     Anything damaged that is needed, or parameters that are NaN or infinite, raise one sentence naming the file."""
     run_dir = _run_dir(run_dir)
+    if not isinstance(best, bool):
+        raise ConfigError(f"best={best!r} must be True (the best evaluated policy) or False (the last state)")
     meta = _checkpoint_json(run_dir)
     config = _load_config(run_dir, meta).replace(device=device)
     best_path = run_dir / BEST_POLICY
@@ -264,7 +267,7 @@ def _load_checkpoint_agent(agent: Agent, run_dir: Path, meta: dict[str, Any], ha
     """Load the agent state of ``run_dir``'s checkpoint (not its replay buffer) into ``agent``, refusing a damaged
     tensor file or non-finite parameters in one sentence."""
     tensor_path = run_dir / meta["tensor_file"]
-    fix = (("load its best policy instead (best=True, as `jaderl eval` does), or " if has_best else "")
+    fix = (("load its best policy instead (`jaderl eval` without --last; best=True in Python), or " if has_best else "")
            + "restore the run directory from a copy or start a new run")
     try:
         state = load_checkpoint(run_dir, agent.device, part="agent")
@@ -287,6 +290,9 @@ def evaluate(run_dir: str | Path, episodes: int = 10, seed: int = 12_345, device
     metrics.csv reports them), and ``mean_per_agent`` is the mean return per agent; with agents of several kinds
     (simple_tag's predators and prey), ``teams`` holds each kind's mean summed return. Runs of such games keep no
     best policy: their summed return does not rank policies."""
+    if isinstance(episodes, bool) or not isinstance(episodes, numbers.Integral):  # numpy's integers too
+        raise ConfigError(f"episodes={episodes!r} is not a whole number; pass how many episodes to run, e.g. "
+                          "episodes=10")
     if episodes < 1:
         raise ConfigError(f"episodes={episodes} is out of range: it must be >= 1")
     agent = load(run_dir, best=best, device=device)

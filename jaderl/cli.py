@@ -12,6 +12,7 @@ import argparse
 import contextlib
 import dataclasses
 import decimal
+import errno
 import json
 import math
 import os
@@ -21,6 +22,7 @@ import warnings
 from pathlib import Path
 from typing import Any, NoReturn
 
+import jaderl
 from jaderl import api
 from jaderl.core.checkpoint import CHECKPOINT_JSON
 from jaderl.core.config import Config, ConfigError, parse_assignment
@@ -64,6 +66,7 @@ def _fail(message: str) -> NoReturn:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="jaderl", description="Massively parallel deep reinforcement learning.")
+    parser.add_argument("--version", action="version", version=f"jaderl {jaderl.__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     train = sub.add_parser("train", help="train an agent (or resume a run with --resume RUN_DIR)")
     train.add_argument("algo", nargs="?", help="algorithm name (`jaderl algos`)")
@@ -272,9 +275,11 @@ def _train(args: argparse.Namespace) -> TrainResult:
     if not (given["algo"] and given["env"]):
         _fail("train needs ALGO and ENV, e.g. `jaderl train ppo jaderl/CartPole-v1`, or --resume RUN_DIR")
     entry = api.zoo_for(given["algo"], given["env"], settings) if given["algo"] in api.ALGOS else None
-    header = "" if entry is None else (f"zoo: tuned settings for {given['algo']} on {entry.envs[0]} ({entry.source}): "
-                                       f"{entry.describe(skip=tuple(settings))}; settings you give win, --no-zoo "
-                                       "leaves them out")
+    used = "" if entry is None else entry.describe(skip=tuple(settings))
+    header = "" if entry is None else (
+        f"zoo: tuned settings for {given['algo']} on {entry.envs[0]} ({entry.source}): {used}; settings you give win, "
+        "--no-zoo leaves them out" if used else f"zoo: every tuned setting of {entry.source} for {given['algo']} on "
+        f"{entry.envs[0]} is overridden by yours")
     return api.train(given["algo"], given["env"], progress=ProgressPrinter(header), **settings)
 
 
@@ -410,23 +415,36 @@ def _command(args: argparse.Namespace) -> int:
     return code
 
 
+PATH_ERRNOS = frozenset({errno.ENOTDIR, errno.EEXIST, errno.EISDIR, errno.ENOENT, errno.EACCES, errno.EPERM,
+                         errno.EROFS, errno.ENAMETOOLONG})
+"""Errors of a path the user gave (a file where a directory must be, no permission): input errors, exit status 2."""
+
+
 def _os_error(args: argparse.Namespace, exc: OSError) -> int:
     """Report an error of the file system in one sentence: what failed, where, and what can be done about it."""
-    where = f" ({exc.filename})" if exc.filename else ""
+    what = f"{exc.strerror or exc}" + (f" ({exc.filename})" if exc.filename else "")
+    if exc.errno in (errno.ENOTDIR, errno.EEXIST) and exc.filename:  # a file stands where a directory must be
+        blocking = next((p for p in (Path(exc.filename), *Path(exc.filename).parents) if p.is_file()), None)
+        if blocking is not None:
+            what = f"{blocking} is a file, not a directory" + (
+                "" if blocking == Path(exc.filename) else f", so {exc.filename} cannot be created")
+    path_error = exc.errno in PATH_ERRNOS
     if args.command not in ("train", "pbt", "tournament"):  # nothing trained: there is nothing to resume
-        print(f"jaderl: error: {exc.strerror or exc}{where}; fix the path (or free space) and run the command "
-              "again", file=sys.stderr)
-        return 1
+        fix = "choose another path" if path_error else "free space or fix the path"
+        print(f"jaderl: error: {what}; {fix} and run the command again", file=sys.stderr)
+        return 2 if path_error else 1
     places = [getattr(args, "resume", None), getattr(args, "run_dir", None),
               exc.filename and Path(exc.filename).parent]  # where a checkpoint may be kept
     if args.command == "train" and not any(p and (Path(p) / CHECKPOINT_JSON).exists() for p in places):
-        print(f"jaderl: error: {exc.strerror or exc}{where}; no checkpoint had been written yet, so there is "
-              "nothing to resume: free space or fix the path and start the run again", file=sys.stderr)
+        if path_error:
+            print(f"jaderl: error: {what}; choose another path and start the run again", file=sys.stderr)
+            return 2
+        print(f"jaderl: error: {what}; no checkpoint had been written yet, so there is nothing to resume: free space "
+              "or fix the path and start the run again", file=sys.stderr)
         return 1
-    print(f"jaderl: error: {exc.strerror or exc}{where}; the last complete checkpoint is kept: free space or "
-          "fix the path, then continue with --resume", file=sys.stderr)
+    print(f"jaderl: error: {what}; the last complete checkpoint is kept: free space or fix the path, then continue "
+          "with --resume", file=sys.stderr)
     return 1
-
 
 if __name__ == "__main__":
     sys.exit(main())

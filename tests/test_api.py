@@ -235,6 +235,11 @@ def test_api_errors(tmp_path: Path) -> None:
     assert not (tmp_path / "run").exists()
     with pytest.raises(ConfigError, match="episodes=0"):
         api.evaluate(tmp_path, episodes=0)
+    for episodes in ("3", 2.5, True):
+        with pytest.raises(ConfigError, match=rf"^episodes={episodes!r} is not a whole number; pass how many "):
+            api.evaluate(tmp_path, episodes=episodes)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"^best='no' must be True \(the best evaluated policy\) or False"):
+        api.load(tmp_path, best="no")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match=r"env must be an env id \(a str such as 'jaderl/CartPole-v1'\), not 5"):
         jaderl.train("ppo", 5)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="unknown algorithm 3; choose one of: ppo"):

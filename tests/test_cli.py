@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 import torch
 
+import jaderl
 from jaderl import api
 from jaderl.algos import ALGOS
 from jaderl.cli import main
@@ -365,15 +366,40 @@ def test_a_full_disk_is_one_line_and_exit_1(monkeypatch: pytest.MonkeyPatch, cap
         "written yet, so there is nothing to resume: free space or fix the path and start the run again"]
 
 
-def test_a_run_dir_that_cannot_be_created_is_one_line_and_exit_1(tmp_path: Path,
+def test_a_run_dir_that_cannot_be_created_is_one_line_and_exit_2(tmp_path: Path,
                                                                  capsys: pytest.CaptureFixture[str]) -> None:
-    """A --run-dir whose parent does not exist and cannot be made (under /proc): the system's reason, the path and
-    what to do, as for any other error of the file system."""
+    """A --run-dir whose parent does not exist and cannot be made (under /proc), or under a file: the path is the
+    user's input, so the system's reason and the path are an input error (exit status 2); --out of the other
+    commands likewise."""
     code, _, err = _run(["train", "ppo", ENV, "--run-dir", "/proc/jaderl-run", "--total-steps", "256", *TINY],
                         capsys)
-    assert code == 1 and err.splitlines() == [
-        "jaderl: error: No such file or directory (/proc/jaderl-run); no checkpoint had been written yet, so there is "
-        "nothing to resume: free space or fix the path and start the run again"]
+    assert code == 2 and err.splitlines() == [
+        "jaderl: error: No such file or directory (/proc/jaderl-run); choose another path and start the run again"]
+    (tmp_path / "afile").write_text("")
+    code, _, err = _run(["train", "ppo", ENV, "--run-dir", str(tmp_path / "afile" / "sub"), "--total-steps", "256",
+                         *TINY], capsys)
+    assert code == 2 and err.splitlines() == [
+        f"jaderl: error: {tmp_path / 'afile'} is a file, not a directory, so {tmp_path / 'afile' / 'sub'} cannot be "
+        "created; choose another path and start the run again"]
+    code, _, err = _run(["train", "ppo", ENV, "--run-dir", str(tmp_path / "run"), "--total-steps", "256", *TINY],
+                        capsys)
+    assert code == 0, err
+    code, _, err = _run(["record", str(tmp_path / "run"), "--episodes", "1", "--out", str(tmp_path / "afile" / "v")],
+                        capsys)
+    assert code == 2 and err.splitlines() == [
+        f"jaderl: error: {tmp_path / 'afile'} is a file, not a directory, so {tmp_path / 'afile' / 'v'} cannot be "
+        "created; choose another path and run the command again"], err
+
+
+def test_version_and_the_zoo_line_when_every_tuned_setting_is_overridden(tmp_path: Path,
+                                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _run(["--version"], capsys)
+    assert code == 0 and out.strip() == f"jaderl {jaderl.__version__}"
+    code, out, err = _run(["train", "mappo", "jaderl/simple_spread", "--total-steps", "64", "--eval-every", "64",
+                           "--eval-episodes", "1", "--run-dir", str(tmp_path / "run")], capsys)
+    assert code == 0, err
+    assert err.splitlines()[0] == ("zoo: every tuned setting of jaderl/zoo/simple_spread.yaml for mappo on "
+                                   "jaderl/simple_spread is overridden by yours")
 
 
 def test_a_ctrl_c_outside_the_loop_is_one_line_and_exit_130(monkeypatch: pytest.MonkeyPatch,

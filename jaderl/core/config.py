@@ -127,7 +127,8 @@ class Config:
         try:
             data = yaml.load(Path(path).read_text(), _YamlLoader)
         except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-            raise ConfigError(f"cannot read config file {path}: {exc}".splitlines()[0]) from None
+            why = f"{exc.problem} (line {exc.problem_mark.line + 1})" if getattr(exc, "problem_mark", 0) else f"{exc}"
+            raise ConfigError(f"cannot read config file {path}: {why}".splitlines()[0]) from None
         if not isinstance(data, dict):
             raise ConfigError(f"config file {path} must hold a mapping of field: value")
         return data

@@ -41,8 +41,8 @@ from jaderl.core.evaluator import Evaluator
 from jaderl.envs import EnvSpec, VecEnv, make_env
 from jaderl.interrupts import ForcedInterrupt, deferred_interrupt
 
-VIDEO_RECORDER: list[tuple[Callable[[Agent, Path], object], Callable[[], None]]] = []
-"""What ``record_every`` records with, ``(record(agent, out_dir), check())``: installed by
+VIDEO_RECORDER: list[tuple[Callable[[Agent, Path], object], Callable[[Config], None]]] = []
+"""What ``record_every`` records with, ``(record(agent, out_dir), check(config))``: installed by
 :mod:`jaderl.integrations.video` (above the core, which cannot import it)."""
 
 INTERRUPT_GRACE_S = 5.0
@@ -91,7 +91,7 @@ def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"device={name!r} was asked for but CUDA is not available; use --device cpu")
+        raise ConfigError(f"device={name!r} was asked for but CUDA is not available; use device cpu (--device cpu)")
     device = torch.device(name)
     if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
         raise ConfigError(f"device={name!r}: only {torch.cuda.device_count()} GPUs are visible; use a lower index")
@@ -144,10 +144,10 @@ class Trainer:
         self.env: VecEnv | None = None
         self.reseed(config.seed)  # this run's own random streams, from its seed
         self.evaluator: Evaluator | None = None
-        if config.record_every:  # before anything is made: a missing package is one sentence naming the extra
+        if config.record_every:  # before anything is made: a missing package, an env it cannot draw: one sentence
             if not VIDEO_RECORDER:
                 raise ConfigError("record_every needs jaderl.integrations.video; import jaderl first")
-            VIDEO_RECORDER[0][1]()
+            VIDEO_RECORDER[0][1](config)
         try:  # a failing set-up (bad checkpoint, run directory, peers) closes the env: no worker process outlives it
             with self.own_rng():
                 spec = self.make_env()

@@ -142,6 +142,9 @@ def make_env(name: str, num_envs: int, device: torch.device | str = "cpu", seed:
     if name in REGISTERED_ENVS:
         return REGISTERED_ENVS[name](num_envs, torch.device(device), seed)
     if is_atari_id(name):
+        if "?" in name:
+            raise EnvError(f"Atari ids take no ?options ({name!r}): jaderl preprocesses every game the same way "
+                           "(jaderl.envs.atari); drop the part after '?'")
         return make_atari_env(name, num_envs, device)
     if is_stock_id(name):  # jaderl/StockTrading-v0, with or without ?KEY=VALUE options (jaderl.envs.stock)
         return StockTradingEnv(num_envs=num_envs, device=device, seed=seed, env_id=name)
@@ -151,10 +154,11 @@ def make_env(name: str, num_envs: int, device: torch.device | str = "cpu", seed:
             return TORCH_ENVS[base](num_envs=num_envs, device=device, seed=seed,
                                     **_options(name, query, TORCH_ENVS[base]))
     if name.startswith("vmas/"):  # VMAS scenarios, batched on the device already (pip install 'jaderl[vmas]')
-        from jaderl.envs.vmas import make_vmas_env
+        from jaderl.envs.vmas import VmasVecEnv, make_vmas_env
 
-        with _options_taken(name):  # vmas/navigation?n_agents=2: the scenario's own options
-            return make_vmas_env(base, num_envs, device, seed=seed, **_options(name, query))
+        # vmas/navigation?n_agents=2: the scenario's own options; continuous and max_steps are the adapter's (typed)
+        with _options_taken(name):
+            return make_vmas_env(base, num_envs, device, seed=seed, **_options(name, query, VmasVecEnv))
     if name.startswith("brax/"):  # Brax's JAX simulators through DLPack (pip install 'jaderl[brax]')
         from jaderl.envs.brax import make_brax_env
 

@@ -50,12 +50,13 @@ The module also holds what every multi-agent adapter shares (:func:`agent_teams`
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import importlib
 import importlib.util
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
@@ -63,7 +64,15 @@ import numpy as np
 import torch
 
 from jaderl.envs.subproc import SubprocVecEnv, _layout, _reset_slice, _step_slice, _views
-from jaderl.envs.vec import NONFINITE_ACTIONS, EnvError, GymnasiumSpaces, VecEnv, check_finite, discrete_action_error
+from jaderl.envs.vec import (
+    NONFINITE_ACTIONS,
+    EnvError,
+    GymnasiumSpaces,
+    VecEnv,
+    check_finite,
+    discrete_action_error,
+    error_line,
+)
 
 if TYPE_CHECKING:
     from pettingzoo import ParallelEnv
@@ -273,12 +282,17 @@ class PettingZooVecEnv(VecEnv):
             raise EnvError(f"num_envs ({num_envs}) must be at least 1 and workers ({workers}) at least 0")
         self.device = torch.device(device)
         self.num_envs = num_envs
+        self._name = name
         try:
             probe = first if first is not None else make()
-        except TypeError as exc:  # e.g. a keyword the env does not take
-            raise EnvError(f"cannot build the PettingZoo env {name!r} ({exc}); check its keyword arguments") from exc
+        except EnvError:
+            raise
+        except (TypeError, ValueError, AssertionError) as exc:  # a keyword it does not take, a value it refuses
+            raise EnvError(f"cannot build the PettingZoo env {name!r} ({error_line(exc)}); check its keyword "
+                           "arguments") from exc
         try:
-            layout, action_space = self._read_env(probe, seed)
+            with self._in_process("reset"):
+                layout, action_space = self._read_env(probe, seed)
         except BaseException:
             probe.close()
             raise
@@ -358,7 +372,8 @@ class PettingZooVecEnv(VecEnv):
             rows = self._subproc.reset(seed=seed)
         else:
             self._check_open()
-            _reset_slice(self._envs, self._views, 0, seed, [0])
+            with self._in_process("reset"):
+                _reset_slice(self._envs, self._views, 0, seed, [0])
             rows = self._rows(self._views["obs"])
         obs, self._state, _ = self._unpack(rows)
         return obs
@@ -377,7 +392,8 @@ class PettingZooVecEnv(VecEnv):
             self._check_open()
             views = self._views
             views["action"][:] = env_action.numpy()
-            _step_slice(self._envs, views, 0, [0])
+            with self._in_process("stepped"):
+                _step_slice(self._envs, views, 0, [0])
             rows, final_rows = self._rows(views["obs"]), self._rows(views["final_obs"])
             terminated = torch.tensor(views["terminated"], device=self.device)
             truncated = torch.tensor(views["truncated"], device=self.device)
@@ -388,6 +404,17 @@ class PettingZooVecEnv(VecEnv):
     def global_state(self) -> torch.Tensor:
         """The global state ``(N, state_dim)`` of every sub-env now (see the module docstring)."""
         return self._state
+
+    @contextlib.contextmanager
+    def _in_process(self, done: str) -> Iterator[None]:
+        """An exception of a sub-env stepped in this process as one EnvError naming the env, as worker processes
+        report theirs (chained: the env's traceback stays reachable)."""
+        try:
+            yield
+        except EnvError:
+            raise
+        except Exception as exc:
+            raise EnvError(f"env {self._name!r} ({done} in this process) failed: {error_line(exc)}") from exc
 
     def _check_open(self) -> None:
         if not self._envs:
@@ -414,6 +441,9 @@ def _parallel_env_from_id(module_name: str, kwargs: dict[str, Any]) -> ParallelE
 def _check_module(env_id: str) -> str:
     """The module of a ``<module>.<env_name>`` id, once it is known to import and to have ``parallel_env``."""
     module_name = env_id.removeprefix("pettingzoo/")
+    if not module_name or module_name.startswith(".") or module_name.endswith("."):
+        raise EnvError(f"env id {env_id!r} names no module; give the module of a parallel env, e.g. "
+                       "pettingzoo/mpe2.simple_spread_v3")
     package = module_name.partition(".")[0]
     if package in ("pettingzoo", "mpe2") and importlib.util.find_spec(package) is None:
         raise EnvError(f"env {env_id!r} needs the {package} package: {MARL_EXTRA}")

@@ -42,7 +42,7 @@ import numpy as np
 import torch
 
 from jaderl.envs.pettingzoo import AgentObsLayout, agent_actions, agent_teams
-from jaderl.envs.vec import EnvError, VecEnv
+from jaderl.envs.vec import EnvError, VecEnv, error_line
 
 __all__ = ["VmasVecEnv", "make_vmas_env"]
 
@@ -75,6 +75,12 @@ class VmasVecEnv(VecEnv):
                 unused = str(exc).partition("kwargs: ")[2].partition(" passed")[0]
                 raise EnvError(f"VMAS scenario {scenario!r} reads no option {unused}; see the scenario's make_world "
                                "for the options it reads") from None
+            except (AssertionError, ValueError, TypeError) as exc:
+                if not kwargs:
+                    raise
+                given = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
+                raise EnvError(f"VMAS scenario {scenario!r} refused its options {given} ({error_line(exc)}); check "
+                               "their values in the scenario's make_world") from exc
         self.device = self.env.device
         self.num_envs, self.max_steps, self.is_discrete = num_envs, max_steps, not continuous
         self.agents = tuple(agent.name for agent in self.env.agents)

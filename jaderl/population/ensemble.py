@@ -103,6 +103,8 @@ class Ensemble:
     def from_runs(cls, run_dirs: Sequence[str | Path], best: bool = True, device: str = "cpu") -> Ensemble:
         """The agents saved in ``run_dirs`` (their best policies, or last states with ``best=False``); they may be of
         different algorithms."""
+        if isinstance(run_dirs, str | Path):  # (a string is a sequence too: of one-letter "run directories")
+            raise ConfigError(f'from_runs takes a list of run directories, not one path: pass ["{run_dirs}"]')
         return cls([load(d, best=best, device=device) for d in run_dirs])
 
     def combine(self, actions: torch.Tensor) -> torch.Tensor:
@@ -124,6 +126,9 @@ class Ensemble:
 
     def evaluate(self, episodes: int = 10, seed: int = 12_345) -> dict[str, Any]:
         """Mean and std of the ensemble's return over ``episodes`` deterministic episodes (as ``jaderl eval``)."""
+        if isinstance(episodes, bool) or not isinstance(episodes, int) or episodes < 1:
+            raise ConfigError(f"episodes={episodes!r} is not a whole number >= 1; pass how many episodes to "
+                              "evaluate, e.g. episodes=10")
         env = make_env(self.config.env, episodes, self.device, seed=seed)
         try:
             returns, _ = run_episodes(self, env, seed)  # type: ignore[arg-type]  # it acts like an agent

@@ -42,6 +42,7 @@ from jaderl.population.store import (
     damaged_checkpoint,
     new_population_dir,
     plot_population,
+    population_dir,
     read_rows,
     read_state,
     write_json,
@@ -167,9 +168,10 @@ def pbt(algo: str, env: str, *, members: int = 8, period: int = 20_000, generati
     config = PBTSettings(algo, env, members, period, generations, seed, space_entries(space), quantile,
                          resample_probability, copy_buffer, resources, max_restarts, settings, period_s)
     parsed = config.validate()
+    pop_dir = population_dir(run_dir, "pbt", algo, env, seed)  # a file or a directory in use: refused before Ray
     with connected(address, num_cpus) as ray:  # an address that does not answer, or too few resources: no directory
         options = Resources.parse(resources).options(members, ray.cluster_resources())
-        pop_dir = new_population_dir(run_dir, "pbt", algo, env, seed)
+        pop_dir = new_population_dir(str(pop_dir), "pbt", algo, env, seed)  # (checked again: filled meanwhile?)
         rng = random.Random(seed)
         state = {"format": FORMAT, "settings": dataclasses.asdict(config), "generation": 0,
                  "members": [{"parent": k, "hyperparameters": sample(parsed, rng)} for k in range(members)]}

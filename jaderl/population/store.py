@@ -34,9 +34,10 @@ PLOT_NAME = "population.png"
 CSV_COLUMNS = ["generation", "member", "parent", "steps", "score", "hyperparameters", "node"]
 
 
-def new_population_dir(run_dir: str | None, kind: str, algo: str, env: str, seed: int) -> Path:
-    """A new, empty population directory: ``run_dir``, or ``runs/KIND-ALGO-ENV-sSEED-TIME``; a directory that already
-    holds a population is refused in one sentence."""
+def population_dir(run_dir: str | None, kind: str, algo: str, env: str, seed: int) -> Path:
+    """The path of a new population directory: ``run_dir``, or ``runs/KIND-ALGO-ENV-sSEED-TIME``; a file, or a
+    directory that already holds files (a population, say), is refused in one sentence. Nothing is created, so the
+    path is checked before Ray starts and made once the members are sure to fit (:func:`new_population_dir`)."""
     if not run_dir:
         stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
         name = re.sub(r"[^\w.-]+", "_", env)[:64]  # ids may hold paths and options
@@ -44,9 +45,18 @@ def new_population_dir(run_dir: str | None, kind: str, algo: str, env: str, seed
     path = Path(run_dir)
     if path.exists() and not path.is_dir():
         raise ConfigError(f"population directory {path} is a file; pick another --run-dir")
+    if (blocking := next((p for p in path.parents if p.is_file()), None)) is not None:
+        raise ConfigError(f"population directory {path} cannot be created: {blocking} is a file; pick another "
+                          "--run-dir")
     if path.exists() and any(path.iterdir()):
         held = "a population; continue it with --resume" if (path / STATE_JSON).exists() else "files; delete them"
         raise ConfigError(f"population directory {path} already holds {held} or pick another --run-dir")
+    return path
+
+
+def new_population_dir(run_dir: str | None, kind: str, algo: str, env: str, seed: int) -> Path:
+    """A new, empty population directory (checked as :func:`population_dir` checks it, then created)."""
+    path = population_dir(run_dir, kind, algo, env, seed)
     path.mkdir(parents=True, exist_ok=True)
     return path
 

@@ -37,7 +37,7 @@ from jaderl.population.ensemble import fuse_runs
 from jaderl.population.member import remote_worker
 from jaderl.population.pbt import check_fits
 from jaderl.population.space import Space, explore, parse_space, sample
-from jaderl.population.store import copy_run, new_population_dir, write_json
+from jaderl.population.store import copy_run, new_population_dir, population_dir, write_json
 
 STRATEGIES = ("best", "fuse", "fresh")
 LEADERBOARD_JSON = "leaderboard.json"
@@ -115,6 +115,9 @@ def tournament(algos: list[str] | str, env: str, *, pool: int = 4, period: int =
     if len(strategy_weights) != 3 or min(strategy_weights) < 0 or sum(strategy_weights) <= 0:
         raise ConfigError(f"strategy_weights={strategy_weights} must be three weights >= 0 (best, fuse, fresh) with a "
                           "positive sum")
+    if not all(math.isfinite(w) for w in strategy_weights):  # (NaN passes both checks above; inf the first)
+        raise ConfigError(f"strategy_weights={strategy_weights} must be three finite weights (best, fuse, fresh), not "
+                          "NaN or infinity; give each strategy's share, e.g. 0.5,0.25,0.25")
     if strategy_weights[1] > 0 and fuse_top > leaderboard_size:  # (no fused member: fuse_top is never used)
         fix = ("lower --fuse-top or raise --leaderboard-size" if leaderboard_size >= 2 else
                "raise --leaderboard-size to 2 or more, or give fusing no weight in --strategy-weights")
@@ -126,9 +129,11 @@ def tournament(algos: list[str] | str, env: str, *, pool: int = 4, period: int =
         raise ConfigError(f"unknown setting {bad[0]!r}: none of {', '.join(algos)} has it")
     # the env exists, and every algorithm fits it and takes its settings, before any member starts
     check_fits([make_config(**member_settings(a, env, settings, period, rounds, seed, Path("."))) for a in algos])
-    with connected(address, num_cpus) as ray:
-        options = Resources.parse(resources).options(pool, ray.cluster_resources())
-        pop_dir = new_population_dir(run_dir, "tournament", "+".join(algos), env, seed)
+    per_member = Resources.parse(resources)
+    pop_dir = population_dir(run_dir, "tournament", "+".join(algos), env, seed)  # a file or one in use: before Ray
+    with connected(address, num_cpus) as ray:  # an address that does not answer, or too few resources: no directory
+        options = per_member.options(pool, ray.cluster_resources())
+        pop_dir = new_population_dir(str(pop_dir), "tournament", "+".join(algos), env, seed)  # (filled meanwhile?)
         write_json(pop_dir / "tournament.json", {"algos": algos, "env": env, "pool": pool, "period": period,
                                                  "rounds": rounds, "leaderboard_size": leaderboard_size,
                                                  "fuse_top": fuse_top, "seed": seed, "space": space or [],

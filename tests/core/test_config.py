@@ -163,6 +163,7 @@ def test_read_yaml_errors(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="cannot read config file") as info:
         Config.read_yaml(bad)
     assert "\n" not in str(info.value)
+    assert str(info.value) == f"cannot read config file {bad}: expected ',' or ']', but got ':' (line 2)"
     listed = tmp_path / "list.yaml"
     listed.write_text("- lr\n- seed\n")
     with pytest.raises(ConfigError, match="must hold a mapping"):

@@ -61,6 +61,8 @@ def test_max_episode_steps_counts_agent_steps() -> None:
 def test_unknown_atari_id_is_one_sentence() -> None:
     with pytest.raises(EnvError, match="unknown Atari env 'ALE/NoSuchGame-v5'"):
         make_env("ALE/NoSuchGame-v5", 1)
+    with pytest.raises(EnvError, match=r"^Atari ids take no \?options \('ALE/Pong-v5\?frameskip=4'\): jaderl "):
+        make_env("ALE/Pong-v5?frameskip=4", 1)
 
 
 def test_missing_ale_py_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -32,9 +32,10 @@ class LifetimeEnv(ParallelEnv):
     metadata: ClassVar[dict[str, Any]] = {"name": "lifetime_v0"}
 
     def __init__(self, lifetimes: tuple[int, int] = (2, 4), start: int = 0, sizes: tuple[int, int] = (3, 3),
-                 nan_at: int | None = None) -> None:
+                 nan_at: int | None = None, raise_at: int | None = None) -> None:
         self.possible_agents = ["worker_0", "worker_1"]
         self.lifetimes, self.sizes, self.start, self.nan_at = lifetimes, sizes, start, nan_at
+        self.raise_at = raise_at  # step at which the env fails with an error of its own
         self.agents: list[str] = []
         self.t = 0
 
@@ -51,6 +52,8 @@ class LifetimeEnv(ParallelEnv):
     def step(self, actions: dict[str, Any]) -> tuple[dict, dict, dict, dict, dict]:
         assert set(actions) == set(self.agents), f"actions for {set(actions)}, but {self.agents} are alive"
         self.t += 1
+        if self.t == self.raise_at:
+            raise RuntimeError("simulator exploded")
         index = {a: self.possible_agents.index(a) for a in self.agents}
         obs = {a: np.array([self.t, index[a], actions[a]], np.float32) for a in self.agents}
         rewards = {a: math.nan if self.t == self.nan_at else 10.0 * self.t + index[a] for a in self.agents}
@@ -267,6 +270,16 @@ def test_bad_envs_are_refused_in_one_sentence(monkeypatch: pytest.MonkeyPatch) -
         make_pettingzoo_env(LifetimeEnv, 2, sizes=(3, 5))
     with pytest.raises(EnvError, match=r"^agents leadadversary_0 and adversary_0 have different action spaces"):
         make_pettingzoo_env("mpe2.simple_world_comm_v3", 1)
+    with pytest.raises(EnvError, match=r"^cannot build the PettingZoo env 'simple_spread_v3' \(AssertionError: "
+                                       r"local_ratio is a proportion.*\); check its keyword arguments$"):
+        make_pettingzoo_env("mpe2.simple_spread_v3", 1, local_ratio=5)  # the env's own check of a value
+    with pytest.raises(EnvError, match=r"^env id 'pettingzoo/' names no module; give the module of a parallel env"):
+        make_pettingzoo_env("pettingzoo/", 1)
+    env = make_pettingzoo_env(LifetimeEnv, 2, raise_at=1)
+    with pytest.raises(EnvError, match=r"^env 'LifetimeEnv' \(stepped in this process\) failed: RuntimeError: "
+                                       r"simulator exploded$"):  # as a worker process reports it
+        env.step(torch.zeros(2, 2, dtype=torch.long))
+    env.close()
     monkeypatch.delitem(sys.modules, "mpe2.simple_adversary_v3", raising=False)
     monkeypatch.setitem(sys.modules, "mpe2", None)  # as if it were not installed
     with pytest.raises(EnvError, match=r"^env 'mpe2.simple_adversary_v3' needs the mpe2 package: "

@@ -48,6 +48,14 @@ def test_options_in_the_id_go_to_the_scenario() -> None:
     with pytest.raises(EnvError, match=r"^VMAS scenario 'navigation' reads no option \{'n_agnets': 2\}; see the "
                                        "scenario's make_world for the options it reads$"):
         make_env("vmas/navigation?n_agnets=2", 2, "cpu", seed=0)  # VMAS itself only warns, and trains 4 agents
+    with pytest.raises(EnvError, match=r"^VMAS scenario 'navigation' refused its options n_agents=0 "
+                                       r"\(AssertionError.*\); check their values in the scenario's make_world$"):
+        make_env("vmas/navigation?n_agents=0", 2, "cpu")
+    with pytest.raises(EnvError, match=r"^env option continuous='maybe' in 'vmas/navigation\?continuous=maybe' must "
+                                       r"be true or false$"):
+        make_env("vmas/navigation?continuous=maybe", 2, "cpu")
+    with pytest.raises(EnvError, match=r"^env option 'num_envs' in 'vmas/navigation\?num_envs=5' is jaderl's to set"):
+        make_env("vmas/navigation?num_envs=5", 2, "cpu")
 
 
 @pytest.mark.parametrize(("scenario", "continuous"), [("navigation", False), ("balance", True)])

@@ -142,6 +142,24 @@ def test_ensemble_of_runs_evaluates(two_runs: list[Path]) -> None:
     assert ensemble.predict(np.zeros(4, np.float32)) in (0, 1)
 
 
+def test_ensemble_from_runs_refuses_one_path_for_a_list(two_runs: list[Path]) -> None:
+    """A single run directory used to be read as its characters (``r holds no readable checkpoint``)."""
+    for one in (str(two_runs[0]), two_runs[0]):
+        with pytest.raises(ConfigError, match=rf'^from_runs takes a list of run directories, not one path: pass '
+                                              rf'\["{re.escape(str(two_runs[0]))}"\]$'):
+            Ensemble.from_runs(one)  # type: ignore[arg-type]
+
+
+def test_ensemble_evaluate_refuses_episodes_that_are_not_a_count(two_runs: list[Path]) -> None:
+    """``episodes=0`` used to be named ``num_envs`` (by the env), and ``episodes="2"`` was taken."""
+    ensemble = Ensemble([api.load(two_runs[0])])
+    for episodes in (0, -1, "2", 2.0, True, None):
+        with pytest.raises(ConfigError, match=rf"^episodes={re.escape(repr(episodes))} is not a whole number >= 1; "
+                                              "pass how many episodes to evaluate, e.g. episodes=10$"):
+            ensemble.evaluate(episodes=episodes)  # type: ignore[arg-type]
+    assert ensemble.evaluate(episodes=1)["episodes"] == 1
+
+
 def test_multi_agent_members_copy_fuse_and_ensemble(tmp_path: Path) -> None:
     """MAPPO on the torch-native simple_spread: a member takes another's state, runs fuse, and an ensemble acts
     (its return is the team's, the sum over agents)."""

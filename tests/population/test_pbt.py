@@ -191,6 +191,61 @@ def test_tournament_refuses_fusing_more_entries_than_the_leaderboard_holds(no_ra
             tournament("ppo", ENV, run_dir=str(tmp_path / "t"), **ok)
 
 
+def test_tournament_refuses_weights_that_are_not_finite(no_ray: None, tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """NaN passed both `min() < 0` and `sum() <= 0`, and inf the first: a round trained before `rng.choices` failed
+    with a traceback; now refused before Ray starts."""
+    for weights, shown in (("nan,1,1", "(nan, 1.0, 1.0)"), ("1,inf,1", "(1.0, inf, 1.0)")):
+        err = _refused(["tournament", "ppo", ENV, "--strategy-weights", weights, "--run-dir", str(tmp_path / "t")],
+                       capsys)
+        assert err.strip() == (f"jaderl: error: strategy_weights={shown} must be three finite weights (best, fuse, "
+                               "fresh), not NaN or infinity; give each strategy's share, e.g. 0.5,0.25,0.25")
+        assert not (tmp_path / "t").exists()
+
+
+def test_populations_refuse_a_run_dir_that_is_a_file_or_in_use_before_ray_starts(
+        no_ray: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A --run-dir that is a file, or a directory that already holds files, is refused before a local Ray starts
+    (it used to start first, about 3 s and Ray's warnings), and nothing in it is touched."""
+    afile, used, pop = tmp_path / "afile", tmp_path / "used", tmp_path / "pop"
+    afile.write_text("kept")
+    used.mkdir()
+    (used / "notes.txt").write_text("kept")
+    pop.mkdir()  # a population's state, as population.json holds it (no member has trained: nothing to check)
+    settings = dataclasses.asdict(PBTSettings("ppo", ENV, members=2, period=128, generations=2, settings=dict(TINY)))
+    state = json.dumps({"format": 1, "settings": settings, "generation": 1, "members": [], "rng": None})
+    (pop / "population.json").write_text(state)
+    for command in (["pbt", "ppo", ENV, "--members", "2"], ["tournament", "ppo", ENV, "--pool", "2"]):
+        err = _refused([*command, "--run-dir", str(afile)], capsys).strip()
+        assert err == f"jaderl: error: population directory {afile} is a file; pick another --run-dir"
+        err = _refused([*command, "--run-dir", str(afile / "sub")], capsys).strip()
+        assert err == (f"jaderl: error: population directory {afile / 'sub'} cannot be created: {afile} is a file; "
+                       "pick another --run-dir")
+        err = _refused([*command, "--run-dir", str(used)], capsys).strip()
+        assert err == (f"jaderl: error: population directory {used} already holds files; delete them or pick "
+                       "another --run-dir")
+        err = _refused([*command, "--run-dir", str(pop)], capsys).strip()
+        assert err == (f"jaderl: error: population directory {pop} already holds a population; continue it with "
+                       "--resume or pick another --run-dir")
+    assert afile.read_text() == "kept" and (used / "notes.txt").read_text() == "kept"
+    assert sorted(p.name for p in used.iterdir()) == ["notes.txt"]
+    assert (pop / "population.json").read_text() == state
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(AssertionError, match="Ray was started"):  # an empty directory is accepted (and still empty)
+        pbt("ppo", ENV, members=2, run_dir=str(tmp_path / "empty"), **TINY)
+    assert not any((tmp_path / "empty").iterdir())
+    with pytest.raises(AssertionError, match="Ray was started"):  # --resume takes a directory in use, as before
+        resume_pbt(pop, generations=3)
+
+
+def test_tournament_refuses_bad_resources_before_ray_starts(no_ray: None, tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    err = _refused(["tournament", "ppo", ENV, "--resources-per-member", "cpu=x", "--run-dir", str(tmp_path / "t")],
+                   capsys)
+    assert err.strip() == "jaderl: error: --resources-per-member 'cpu=x': cpu must be a number, e.g. cpu=0.5"
+    assert not (tmp_path / "t").exists()
+
+
 def _trained_population(pop_dir: Path, members: int = 2, period: int = 128) -> dict[str, Any]:
     """A population directory as `jaderl pbt` leaves it after its first generation, made without Ray: population.json
     and each member's run directory with its checkpoint at the period's end. Returns the state."""
