@@ -83,9 +83,10 @@ def example_observations(agent: Agent, batch: int = 2) -> torch.Tensor:
 
 def export_policy(agent: Agent, format: str, out: str | Path) -> Path:
     """Write ``agent``'s deterministic policy to ``out`` as ``format`` (``"onnx"`` or ``"torchscript"``) and return
-    the path. ONNX goes through ``torch.export``, TorchScript through ``torch.jit.trace`` (then frozen); both read the
-    agent's own modules. Load the agent on the CPU (``jaderl.load(run_dir)``) for a file that runs anywhere: a
-    TorchScript file keeps the device it was traced on."""
+    the path; ``out``'s suffix may not be another format's (a ``.pt`` file holding ONNX). ONNX goes through
+    ``torch.export``, TorchScript through ``torch.jit.trace`` (then frozen); both read the agent's own modules. Load
+    the agent on the CPU (``jaderl.load(run_dir)``) for a file that runs anywhere: a TorchScript file keeps the
+    device it was traced on."""
     if format not in FORMATS:
         raise ConfigError(f"format={format!r} is not supported; choose one of: {', '.join(FORMATS)}")
     if format == "onnx":  # torch's ONNX exporter is written in onnxscript
@@ -96,6 +97,11 @@ def export_policy(agent: Agent, format: str, out: str | Path) -> Path:
     if out.exists() and out.suffix not in SUFFIXES[format]:  # an earlier export is replaced; anything else is kept
         raise ConfigError(f"{out} exists and is not an earlier export (a {' or '.join(SUFFIXES[format])} file); "
                           "remove it or give another path")
+    if other := next((f for f, suffixes in SUFFIXES.items() if f != format and out.suffix in suffixes), None):
+        # a .pt file holding ONNX (or the reverse) would be loaded, and later replaced, as the other format
+        kind = {"onnx": "an ONNX", "torchscript": "a TorchScript"}[other]
+        raise ConfigError(f"{out} has the suffix of {kind} file but --format is {format}; name it "
+                          f"{out.with_suffix(SUFFIXES[format][0]).name} or pass --format {other}")
     policy = DeployedPolicy(agent).eval()
     example = example_observations(agent)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -14,7 +14,9 @@ How each kind of env is drawn:
 A video has one frame for the first observation and one per step, the step that ends the episode included (the
 torch envs' frames show the state reached before their automatic reset), so ``steps + 1`` frames; it plays at the
 env's ``render_fps`` (MPE: 10 frames per second, its real time at ``dt = 0.1``). Other envs (Atari, stock trading,
-chasing, VMAS, PettingZoo) cannot be recorded and say so in one sentence.
+chasing, VMAS, PettingZoo), and Gymnasium envs that cannot draw here (no ``rgb_array`` render mode, or a package
+their drawing needs missing, such as pygame), cannot be recorded and say so in one sentence; with ``record_every``
+before the run starts (the first frame is drawn then), so that no run directory is left half made.
 """
 
 from __future__ import annotations
@@ -30,12 +32,13 @@ import numpy as np
 import torch
 
 from jaderl.core.agent import Agent
-from jaderl.core.config import ConfigError
-from jaderl.core.loop import VIDEO_RECORDER
-from jaderl.envs import make_env
+from jaderl.core.config import Config, ConfigError
+from jaderl.core.loop import VIDEO_RECORDER, PeerError
+from jaderl.envs import REGISTERED_ENVS, TORCH_ENVS, make_env
 from jaderl.envs.atari import is_atari_id
 from jaderl.envs.classic import AcrobotEnv, CartPoleEnv, MountainCarContinuousEnv, MountainCarEnv, PendulumEnv
 from jaderl.envs.mpe import SimpleSpreadEnv, SimpleTagEnv
+from jaderl.envs.stock import is_stock_id
 from jaderl.envs.vec import EnvError, GymnasiumVecEnv, VecEnv
 from jaderl.integrations.export import require
 
@@ -60,6 +63,13 @@ GREY, BLUE, RED, GREEN = (0.25, 0.25, 0.25), (0.35, 0.35, 0.85), (0.85, 0.35, 0.
 """MPE2's entity colours."""
 SPREAD_LANDMARK_SIZE = 0.05
 """MPE2's default entity size, simple_spread's landmarks' (they do not collide, so the env does not keep it)."""
+NOT_GYMNASIUM = ("vmas/", "brax/", "playground/", "maniskill/", "pettingzoo/", "jaderl/")
+"""Prefixes of the env ids that :func:`~jaderl.envs.make_env` builds without Gymnasium (none of them is drawn)."""
+
+
+class RecordingError(PeerError):
+    """``record_every`` could not draw the env during training; the run's own state is sound, so the Trainer
+    checkpoints it before the error stops the run (as it does for a failed process beside it)."""
 
 
 def record(agent: Agent, out: str | Path, episodes: int = 3, seed: int = 0) -> list[Path]:
@@ -67,6 +77,8 @@ def record(agent: Agent, out: str | Path, episodes: int = 3, seed: int = 0) -> l
     ``out`` (``episode-0.mp4``, ...; episode ``i`` starts from ``reset(seed=seed + i)``) and return their paths."""
     if isinstance(episodes, bool) or not isinstance(episodes, int) or episodes < 1:
         raise ConfigError(f"episodes={episodes!r} is out of range: it must be a whole number >= 1")
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:  # Gymnasium's reset refuses it mid-way
+        raise ConfigError(f"seed={seed!r} is out of range: it must be a whole number >= 0")
     if Path(out).exists() and not Path(out).is_dir():
         raise ConfigError(f"{out} is a file; give the directory to write the videos to")
     require(("imageio", "imageio_ffmpeg"), "recording videos", "video")
@@ -76,7 +88,7 @@ def record(agent: Agent, out: str | Path, episodes: int = 3, seed: int = 0) -> l
         # Gymnasium draws on pygame surfaces, off screen; on a machine without a display SDL would print an error
         os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
 
-    frames, fps, close = _scene(agent)
+    frames, fps, close = _scene(agent.config.env, agent)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     paths = []
@@ -95,40 +107,92 @@ def record(agent: Agent, out: str | Path, episodes: int = 3, seed: int = 0) -> l
     return paths
 
 
-def _scene(agent: Agent) -> tuple[Frames, float, Callable[[], None]]:
-    """The episode player of ``agent``'s env, its frame rate, and what releases it; or a one-sentence refusal."""
-    env_id = agent.config.env
-    env = make_env(env_id, 1, agent.device)
+def check_recordable(env_id: str) -> None:
+    """A one-sentence :class:`EnvError` now, before a run with ``record_every`` starts, when ``env_id`` cannot be
+    recorded: a kind of env :func:`record` does not draw (told from the id, nothing built), or a Gymnasium drawing
+    that fails here (its first frame is drawn: a missing pygame or renderer shows now, not mid-run)."""
+    base = env_id.partition("?")[0]
+    if (env_id in REGISTERED_ENVS or is_atari_id(env_id) or is_stock_id(env_id)
+            or (TORCH_ENVS[base] not in (*TWINS, SimpleSpreadEnv, SimpleTagEnv) if base in TORCH_ENVS
+                else base.startswith(NOT_GYMNASIUM))):
+        raise EnvError(_not_drawn(env_id))
+    if TORCH_ENVS.get(base) in (SimpleSpreadEnv, SimpleTagEnv):
+        return  # drawn by jaderl itself: nothing it needs can be missing
+    frames, _, close = _scene(env_id, None)
+    try:
+        next(frames(0))  # the first frame is drawn before the policy acts (it takes no agent)
+    finally:
+        close()
+
+
+def _not_drawn(env_id: str) -> str:
+    return (f"{env_id} cannot be recorded: videos are drawn for Gymnasium ids, the torch-native classic-control envs "
+            "and jaderl/simple_spread or jaderl/simple_tag")
+
+
+def _scene(env_id: str, agent: Agent | None) -> tuple[Frames, float, Callable[[], None]]:
+    """The episode player of env ``env_id`` for ``agent`` (None: a check that draws only the first frame), its
+    frame rate, and what releases it; or a one-sentence refusal."""
+    env = make_env(env_id, 1, torch.device("cpu") if agent is None else agent.device)
     if type(env) in TWINS:
         gym_id, to_state = TWINS[type(env)]
         twin = gym.make(gym_id, render_mode="rgb_array").unwrapped
-        return ((lambda seed: _twin_frames(agent, env, twin, to_state, seed)), twin.metadata["render_fps"],
-                twin.close)
+
+        def close() -> None:
+            twin.close()
+            env.close()
+
+        return ((lambda seed: _twin_frames(agent, env, twin, to_state, seed, env_id)), twin.metadata["render_fps"],
+                close)
     if isinstance(env, (SimpleSpreadEnv, SimpleTagEnv)):
         return (lambda seed: _mpe_frames(agent, env, seed)), MPE_FPS, env.close
     env.close()
     if type(env) is GymnasiumVecEnv and not is_atari_id(env_id):
         try:
             gym_env = gym.make(env_id, render_mode="rgb_array")
+        except gym.error.DependencyNotInstalled as exc:  # a renderer Gymnasium loads on making the env
+            raise EnvError(_cannot_draw(env_id, exc)) from None
         except (TypeError, gym.error.Error):  # an env class that takes no render_mode
             raise EnvError(f"{env_id} cannot be recorded: it does not render with render_mode='rgb_array'") from None
-        return ((lambda seed: _gymnasium_frames(agent, gym_env, seed)), gym_env.metadata.get("render_fps", 30),
+        modes = gym_env.metadata.get("render_modes") or []
+        if "rgb_array" not in modes:  # Gymnasium only warns; its render() would fail on the first frame
+            gym_env.close()
+            raise EnvError(f"{env_id} cannot be recorded: it does not render with render_mode='rgb_array' (its "
+                           f"metadata's render_modes are {list(modes)}); record an env that draws itself as RGB "
+                           "arrays")
+        return ((lambda seed: _gymnasium_frames(agent, gym_env, seed, env_id)), gym_env.metadata.get("render_fps", 30),
                 gym_env.close)
-    raise EnvError(f"{env_id} cannot be recorded: videos are drawn for Gymnasium ids, the torch-native "
-                   f"classic-control envs and jaderl/simple_spread or jaderl/simple_tag")
+    raise EnvError(_not_drawn(env_id))
 
 
-def _gymnasium_frames(agent: Agent, env: gym.Env, seed: int) -> Iterator[np.ndarray]:
+def _cannot_draw(env_id: str, exc: BaseException) -> str:
+    """The sentence for a Gymnasium drawing that failed: its render() is not implemented, or a package it needs is
+    missing (Gymnasium's message names the command that installs it)."""
+    if isinstance(exc, NotImplementedError):
+        return (f"{env_id} cannot be recorded: its render() is not implemented; implement it for "
+                "render_mode='rgb_array' to record this env")
+    reason = (str(exc).strip().splitlines() or [""])[0].rstrip(".") or type(exc).__name__
+    return f"{env_id} cannot be drawn here: {reason}"
+
+
+def _render(env: gym.Env, env_id: str) -> np.ndarray:
+    """``env.render()``, or a one-sentence EnvError when Gymnasium cannot draw it (a package missing, no drawing)."""
+    try:
+        frame = env.render()
+    except (NotImplementedError, ImportError, gym.error.DependencyNotInstalled) as exc:
+        raise EnvError(_cannot_draw(env_id, exc)) from None
+    if not isinstance(frame, np.ndarray):
+        raise EnvError(f"{env_id} cannot be recorded: it does not render with render_mode='rgb_array'")
+    return frame
+
+
+def _gymnasium_frames(agent: Agent, env: gym.Env, seed: int, env_id: str) -> Iterator[np.ndarray]:
     """Frames of a Gymnasium env made with ``render_mode="rgb_array"``, stepped with ``agent.predict``."""
     obs, _ = env.reset(seed=seed)
     start = int(env.action_space.start) if isinstance(env.action_space, gym.spaces.Discrete) else 0
     done = False
     while True:
-        frame = env.render()
-        if not isinstance(frame, np.ndarray):
-            name = env.spec.id if env.spec is not None else type(env.unwrapped).__name__
-            raise EnvError(f"{name} cannot be recorded: it does not render with render_mode='rgb_array'")
-        yield frame
+        yield _render(env, env_id)
         if done:
             return
         obs, _, terminated, truncated, _ = env.step(agent.predict(obs) + start)
@@ -136,7 +200,7 @@ def _gymnasium_frames(agent: Agent, env: gym.Env, seed: int) -> Iterator[np.ndar
 
 
 def _twin_frames(agent: Agent, env: VecEnv, twin: gym.Env, to_state: Callable[[np.ndarray], np.ndarray],
-                 seed: int) -> Iterator[np.ndarray]:
+                 seed: int, env_id: str) -> Iterator[np.ndarray]:
     """Frames of Gymnasium's ``twin`` following the torch env ``env`` (one sub-env)."""
     obs = env.reset(seed=seed)
     shown, action, done = obs, None, False
@@ -144,7 +208,7 @@ def _twin_frames(agent: Agent, env: VecEnv, twin: gym.Env, to_state: Callable[[n
         twin.state = to_state(shown[0].double().cpu().numpy())
         if isinstance(env, PendulumEnv):  # Gymnasium's arrow shows the torque of the last step (none at first)
             twin.last_u = None if action is None else float(env.max_torque * action.clamp(-1.0, 1.0).item())
-        yield twin.render()
+        yield _render(twin, env_id)
         if done:
             return
         action = agent.act(obs, deterministic=True)
@@ -205,13 +269,26 @@ def draw_circles(circles: list[tuple[float, float, float, tuple[float, float, fl
     return (image * 255.0 + 0.5).astype(np.uint8)
 
 
-__all__ = ["draw_circles", "record"]
+__all__ = ["RecordingError", "check_recordable", "draw_circles", "record"]
 
 
-def _check_video_packages() -> None:
+def _check_before_training(config: Config) -> None:
+    """``record_every``'s check, before the run directory is made: the video packages, then the env."""
     require(("imageio", "imageio_ffmpeg"), "recording videos", "video")
+    try:
+        check_recordable(config.env)
+    except EnvError as exc:
+        raise EnvError(f"{exc}; to train without videos, drop --record-every (record_every=0)") from None
 
 
-VIDEO_RECORDER[:] = [(lambda agent, out: record(agent, out, episodes=1), _check_video_packages)]
+def _record_during_training(agent: Agent, out: Path) -> None:
+    """One episode into ``out``; a drawing that fails all the same stops the run after its checkpoint."""
+    try:
+        record(agent, out, episodes=1)
+    except EnvError as exc:
+        raise RecordingError(str(exc)) from None  # the Trainer adds the step it checkpointed and how to resume
+
+
+VIDEO_RECORDER[:] = [(_record_during_training, _check_before_training)]
 """``record_every``: the Trainer records one episode into ``RUN_DIR/videos/step-N/`` every that many env steps."""
 

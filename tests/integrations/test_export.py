@@ -178,3 +178,19 @@ def test_a_missing_package_names_the_extra(tmp_path: Path, monkeypatch: pytest.M
     assert issubclass(MissingExtra, ConfigError)
     with pytest.raises(ConfigError, match="format='tflite' is not supported"):
         export_policy(agent, "tflite", tmp_path / "p.tflite")
+
+
+def test_cli_export_refuses_a_file_named_for_the_other_format(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    run_dir = tmp_path / "run"
+    tiny_run("sac", ENVS["continuous"], run_dir)
+    for fmt, out, said in (("onnx", "p.pt", "p.pt has the suffix of a TorchScript file but --format is onnx; name it "
+                            "p.onnx or pass --format torchscript"),
+                           ("torchscript", "p.onnx", "p.onnx has the suffix of an ONNX file but --format is "
+                            "torchscript; name it p.pt or pass --format onnx"),
+                           ("onnx", "p.pth", "p.pth has the suffix of a TorchScript file")):
+        with pytest.raises(SystemExit) as exit_info:
+            main(["export", str(run_dir), "--format", fmt, "--out", str(tmp_path / out)])
+        err = capsys.readouterr().err
+        assert exit_info.value.code == 2 and said in err and len(err.strip().splitlines()) == 1, err
+        assert not (tmp_path / out).exists()  # refused before anything is written

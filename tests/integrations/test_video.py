@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import re
 from pathlib import Path
+from typing import ClassVar
 
 import gymnasium as gym
 import numpy as np
@@ -18,6 +19,7 @@ from jaderl.api import make_config
 from jaderl.cli import main
 from jaderl.core.agent import Agent
 from jaderl.core.config import ConfigError
+from jaderl.core.loop import TrainingError
 from jaderl.envs import EnvError, make_env
 from jaderl.integrations.video import BLUE, GREY, draw_circles, record
 
@@ -180,3 +182,113 @@ def test_record_every_without_the_video_packages_stops_before_training(tmp_path:
         jaderl.train("ppo", "jaderl/CartPole-v1", run_dir=str(tmp_path / "run"), record_every=64, **SETTINGS,
                      **ON_POLICY)
     assert not (tmp_path / "run").exists()
+
+
+class Undrawn(gym.Env):
+    """A Gymnasium env that takes a render_mode but lists no render mode and draws nothing (Gymnasium only warns)."""
+
+    metadata: ClassVar[dict] = {"render_modes": []}
+    observation_space = gym.spaces.Box(-1.0, 1.0, (3,))
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, render_mode: str | None = None) -> None:
+        self.render_mode = render_mode
+
+    def reset(self, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, dict]:
+        super().reset(seed=seed)
+        return np.zeros(3, np.float32), {}
+
+    def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict]:
+        return np.zeros(3, np.float32), 0.0, True, False, {}
+
+
+def cli_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """The one line that ``jaderl ARGV`` prints before it exits 2 for bad input."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and len(err.strip().splitlines()) == 1, err
+    assert err.startswith("jaderl: error: ") and "Traceback" not in err
+    return err
+
+
+@pytest.mark.filterwarnings("ignore:.*not in the possible render_modes:UserWarning")  # Gymnasium's, before ours
+def test_an_env_without_rgb_array_is_refused_by_record_and_before_training(tmp_path: Path,
+                                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    gym.register("JaderlTestUndrawn-v0", entry_point=Undrawn, max_episode_steps=5)
+    run_dir = tmp_path / "run"
+    jaderl.train("ppo", "JaderlTestUndrawn-v0", run_dir=str(run_dir), **SETTINGS, **ON_POLICY)
+    said = "JaderlTestUndrawn-v0 cannot be recorded: it does not render with render_mode='rgb_array'"
+    assert said in cli_error(["record", str(run_dir), "--episodes", "1"], capsys)
+    assert not (run_dir / "videos").exists()
+    err = cli_error(["train", "ppo", "JaderlTestUndrawn-v0", "--run-dir", str(tmp_path / "rv"), "--record-every", "32",
+                     "--device", "cpu", "--set", "hidden=[16]"], capsys)
+    assert said in err and "drop --record-every" in err
+    assert not (tmp_path / "rv").exists()  # refused before the run directory is made
+
+
+@pytest.mark.parametrize("env_id", ["jaderl/Chasing-v0", "jaderl/StockTrading-v0"])
+def test_record_every_refuses_an_env_it_cannot_draw_before_the_run_starts(env_id: str, tmp_path: Path,
+                                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    err = cli_error(["train", "ppo", env_id, "--run-dir", str(tmp_path / "rv"), "--record-every", "32",
+                     "--device", "cpu", "--set", "hidden=[16]"], capsys)
+    assert f"{env_id} cannot be recorded: videos are drawn for Gymnasium ids" in err and "drop --record-every" in err
+    assert not (tmp_path / "rv").exists()
+
+
+def test_record_every_refuses_a_pettingzoo_env_before_the_run_starts(tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("mpe2")
+    err = cli_error(["train", "mappo", "pettingzoo/mpe2.simple_spread_v3", "--run-dir", str(tmp_path / "rv"),
+                     "--record-every", "50", "--total-steps", "100", "--num-envs", "2", "--device", "cpu",
+                     "--set", "minibatch_size=25", "--set", "horizon=25"], capsys)
+    assert "pettingzoo/mpe2.simple_spread_v3 cannot be recorded: videos are drawn for Gymnasium ids" in err
+    assert not (tmp_path / "rv").exists()
+
+
+def without_pygame(env: gym.Env) -> np.ndarray:
+    raise gym.error.DependencyNotInstalled('pygame is not installed, run `pip install "gymnasium[classic-control]"`')
+
+
+def test_a_missing_drawing_package_is_one_sentence(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    from gymnasium.envs.classic_control.cartpole import CartPoleEnv
+
+    run_dir = tmp_path / "run"
+    jaderl.train("ppo", "CartPole-v1", run_dir=str(run_dir), **SETTINGS, **ON_POLICY)
+    monkeypatch.setattr(CartPoleEnv, "render", without_pygame)  # as Gymnasium says when pygame is missing
+    said = 'CartPole-v1 cannot be drawn here: pygame is not installed, run `pip install "gymnasium[classic-control]"`'
+    assert said in cli_error(["record", str(run_dir), "--episodes", "1"], capsys)
+    assert not list((run_dir / "videos").glob("*.mp4"))
+    # the torch-native twin is drawn by the same Gymnasium class
+    assert "jaderl/CartPole-v1 cannot be drawn here: pygame is not installed" in cli_error(
+        ["train", "ppo", "jaderl/CartPole-v1", "--run-dir", str(tmp_path / "rv"), "--record-every", "32",
+         "--device", "cpu", "--set", "hidden=[16]"], capsys)
+    assert not (tmp_path / "rv").exists()  # the first frame is drawn before the run directory is made
+
+
+def test_a_drawing_that_fails_during_training_keeps_a_checkpoint(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    from gymnasium.envs.classic_control.cartpole import CartPoleEnv
+
+    real, drawn = CartPoleEnv.render, []
+
+    def first_frame_only(env: gym.Env) -> np.ndarray:  # drawn before training, then the package is gone
+        drawn.append(1)
+        return real(env) if len(drawn) == 1 else without_pygame(env)
+
+    monkeypatch.setattr(CartPoleEnv, "render", first_frame_only)
+    run_dir = tmp_path / "run"
+    with pytest.raises(TrainingError, match=r"^jaderl/CartPole-v1 cannot be drawn here: pygame is not installed.*"
+                       r"checkpointed at step 64: continue it with `jaderl train --resume"):
+        jaderl.train("ppo", "jaderl/CartPole-v1", run_dir=str(run_dir), record_every=64, **SETTINGS, **ON_POLICY)
+    assert jaderl.load(run_dir, best=False).steps == 64  # resumable: the checkpoint holds the step it stopped at
+
+
+def test_record_refuses_a_negative_seed_before_any_work(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run_dir = tmp_path / "run"
+    jaderl.train("ppo", "CartPole-v1", run_dir=str(run_dir), **SETTINGS, **ON_POLICY)
+    assert "seed=-1 is out of range: it must be a whole number >= 0" in cli_error(
+        ["record", str(run_dir), "--seed", "-1", "--episodes", "1"], capsys)
+    assert "episodes=0 is out of range" in cli_error(["record", str(run_dir), "--episodes", "0"], capsys)
+    assert not (run_dir / "videos").exists()
