@@ -123,9 +123,9 @@ def _memory_advice(config: Config, exc: RuntimeError) -> str:
 
 
 RESUME_SETTINGS = ("total_steps", "time_limit", "target_return", "eval_every", "eval_episodes", "checkpoint_every",
-                   "device", "num_threads", "compile", "precision", "env_workers")
+                   "record_every", "device", "num_threads", "compile", "precision", "env_workers")
 """The settings a resumed run may change besides the algorithm's mutable hyperparameters (``Agent.hyperparameters``,
-recorded in the run's config.yaml): budgets, evaluation and checkpoint cadence, and where and how it runs. Every
+recorded in the run's config.yaml): budgets, evaluation, checkpoint and video cadence, and where and how it runs. Every
 other setting shaped the checkpoint's networks, optimizer states or replay buffer, so changing it means a new run."""
 
 

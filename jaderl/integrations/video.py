@@ -286,7 +286,8 @@ def _record_during_training(agent: Agent, out: Path) -> None:
     try:
         record(agent, out, episodes=1)
     except EnvError as exc:
-        raise RecordingError(str(exc)) from None  # the Trainer adds the step it checkpointed and how to resume
+        raise RecordingError(f"{exc} (--record-every 0 on resuming goes on without videos)") from None  # the Trainer
+        # adds the step it checkpointed and how to resume
 
 
 VIDEO_RECORDER[:] = [(_record_during_training, _check_before_training)]

@@ -280,9 +280,13 @@ def test_a_drawing_that_fails_during_training_keeps_a_checkpoint(tmp_path: Path,
     monkeypatch.setattr(CartPoleEnv, "render", first_frame_only)
     run_dir = tmp_path / "run"
     with pytest.raises(TrainingError, match=r"^jaderl/CartPole-v1 cannot be drawn here: pygame is not installed.*"
-                       r"checkpointed at step 64: continue it with `jaderl train --resume"):
+                       r"\(--record-every 0 on resuming goes on without videos\); the run was checkpointed at step 64: "
+                       r"continue it with `jaderl train --resume"):
         jaderl.train("ppo", "jaderl/CartPole-v1", run_dir=str(run_dir), record_every=64, **SETTINGS, **ON_POLICY)
     assert jaderl.load(run_dir, best=False).steps == 64  # resumable: the checkpoint holds the step it stopped at
+    monkeypatch.setattr(CartPoleEnv, "render", without_pygame)
+    result = jaderl.resume(run_dir, record_every=0, total_steps=128)  # on without videos, as the message says
+    assert result.steps == 128 and not (run_dir / "videos" / "step-128").exists()
 
 
 def test_record_refuses_a_negative_seed_before_any_work(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
