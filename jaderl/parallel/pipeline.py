@@ -46,7 +46,7 @@ import torch.multiprocessing as tmp
 
 from jaderl.accel import mixed_precision, native_bfloat16
 from jaderl.core.agent import Agent
-from jaderl.core.config import Config
+from jaderl.core.config import Config, ConfigError
 from jaderl.core.loop import PeerError, Trainer, TrainingError, TrainResult
 from jaderl.envs import EnvSpec, make_env
 from jaderl.parallel.exits import describe_exit, exit_on_sigterm
@@ -57,6 +57,8 @@ JOIN_S = 5.0
 """How long shutdown waits for a process to exit by itself before terminating it."""
 WORKER_SEED_STRIDE = 10_007
 """Worker w explores sub-envs seeded from ``seed + (w + 1) * WORKER_SEED_STRIDE`` (+ the steps done, on resume)."""
+MAX_WORKERS_PER_CPU = 4
+"""More explorer processes than this per CPU are refused: they only wait for a CPU, and each holds torch's memory."""
 
 
 class WorkerError(PeerError):
@@ -398,5 +400,9 @@ class PipelineTrainer(Trainer):
 def train_pipeline(config: Config, agent_cls: type[Agent], resume: bool = False,
                    progress: Callable[[dict[str, Any]], None] | None = None) -> TrainResult:
     """Train with ``config.workers`` explorer processes, this process as the learner and an evaluator process."""
+    cpus = os.cpu_count() or 1
+    if config.workers > MAX_WORKERS_PER_CPU * cpus:  # each imports torch: a thousand would exhaust the memory
+        raise ConfigError(f"workers={config.workers} explorer processes are more than this machine's {cpus} CPUs can "
+                          f"serve (at most {MAX_WORKERS_PER_CPU} per CPU); use --workers {cpus} or fewer")
     with PipelineTrainer(config, agent_cls, resume=resume, progress=progress) as trainer:
         return trainer.run()

@@ -413,3 +413,13 @@ def test_an_evaluation_running_at_ctrl_c_is_recorded_once(agent_cls: type[SAC], 
     second = jaderl.resume(run_dir, total_steps=224)  # 2 rounds; evaluations are due every 128 steps
     assert second.stop_reason == "total_steps"
     assert [int(r["step"]) for r in _rows(run_dir)] == expected
+
+
+def test_more_workers_than_the_cpus_can_serve_are_refused_before_any_starts(tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """A thousand explorer processes, each importing torch, used to exhaust the machine and hang the start."""
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    with pytest.raises(ConfigError, match=r"^workers=9 explorer processes are more than this machine's 2 CPUs can "
+                                          r"serve \(at most 4 per CPU\); use --workers 2 or fewer$"):
+        jaderl.train("ppo", "jaderl/CartPole-v1", workers=9, run_dir=str(tmp_path / "run"), device="cpu")
+    assert not (tmp_path / "run").exists()
