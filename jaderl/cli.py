@@ -446,5 +446,6 @@ def _os_error(args: argparse.Namespace, exc: OSError) -> int:
           "with --resume", file=sys.stderr)
     return 1
 
+
 if __name__ == "__main__":
     sys.exit(main())
