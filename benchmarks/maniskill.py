@@ -49,19 +49,13 @@ import torch
 
 import jaderl
 from jaderl.envs import register_env
-from jaderl.envs.torch_vector import TorchVectorEnv
-
-CONTROL_MODE = "pd_joint_delta_pos"
+from jaderl.envs.torch_vector import TorchVectorEnv, make_maniskill_env
 
 
 def maniskill_env(task: str, num_envs: int, sim: str) -> gym.vector.VectorEnv:
-    """ManiSkill3's own vector env of ``task``: GPU simulation (``sim="gpu"``) or CPU simulation (one sub-env)."""
-    import mani_skill.envs  # noqa: F401  (registers ManiSkill3's envs with Gymnasium)
-    from mani_skill.vector.wrappers.gymnasium import ManiSkillVectorEnv
-
-    env = gym.make(task, num_envs=num_envs, obs_mode="state", control_mode=CONTROL_MODE, render_mode=None,
-                   sim_backend="physx_cuda" if sim == "gpu" else "physx_cpu")
-    return ManiSkillVectorEnv(env, auto_reset=True, ignore_terminations=False)
+    """ManiSkill3's own vector env of ``task`` as jaderl's ``maniskill/`` ids build it (the ``ManiSkillVectorEnv``
+    inside their adapter): GPU simulation (``sim="gpu"``) or CPU simulation (one sub-env)."""
+    return make_maniskill_env(task, num_envs, "cuda" if sim == "gpu" else "cpu").env
 
 
 def register(task: str, sim: str) -> str:
