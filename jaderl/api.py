@@ -282,6 +282,15 @@ def _load_checkpoint_agent(agent: Agent, run_dir: Path, meta: dict[str, Any], ha
                                 f"({reason}); {fix}") from None
 
 
+def episode_count(episodes: Any) -> int:
+    """``episodes`` as a number of episodes to run (a whole number >= 1, numpy's integers too), or one sentence: the
+    check of :func:`evaluate`, ensembles' ``evaluate`` and ``jaderl record``."""
+    if isinstance(episodes, bool) or not isinstance(episodes, numbers.Integral) or episodes < 1:
+        raise ConfigError(f"episodes={episodes!r} is out of range: it must be a whole number >= 1 (how many episodes "
+                          "to run)")
+    return int(episodes)
+
+
 def evaluate(run_dir: str | Path, episodes: int = 10, seed: int = 12_345, device: str = "cpu",
              best: bool = True) -> dict[str, Any]:
     """Evaluate the best policy of ``run_dir`` (or its last state: ``best=False``, or a run without a best policy)
@@ -290,11 +299,7 @@ def evaluate(run_dir: str | Path, episodes: int = 10, seed: int = 12_345, device
     metrics.csv reports them), and ``mean_per_agent`` is the mean return per agent; with agents of several kinds
     (simple_tag's predators and prey), ``teams`` holds each kind's mean summed return. Runs of such games keep no
     best policy: their summed return does not rank policies."""
-    if isinstance(episodes, bool) or not isinstance(episodes, numbers.Integral):  # numpy's integers too
-        raise ConfigError(f"episodes={episodes!r} is not a whole number; pass how many episodes to run, e.g. "
-                          "episodes=10")
-    if episodes < 1:
-        raise ConfigError(f"episodes={episodes} is out of range: it must be >= 1")
+    episodes = episode_count(episodes)
     agent = load(run_dir, best=best, device=device)
     env = make_env(agent.config.env, episodes, agent.device, seed=seed)
     try:

@@ -236,7 +236,8 @@ def test_api_errors(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="episodes=0"):
         api.evaluate(tmp_path, episodes=0)
     for episodes in ("3", 2.5, True):
-        with pytest.raises(ConfigError, match=rf"^episodes={episodes!r} is not a whole number; pass how many "):
+        with pytest.raises(ConfigError, match=rf"^episodes={episodes!r} is out of range: it must be a whole number "
+                                              r">= 1 \(how many episodes to run\)$"):
             api.evaluate(tmp_path, episodes=episodes)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match=r"^best='no' must be True \(the best evaluated policy\) or False"):
         api.load(tmp_path, best="no")  # type: ignore[arg-type]

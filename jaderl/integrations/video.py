@@ -31,6 +31,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
+from jaderl.api import episode_count
 from jaderl.core.agent import Agent
 from jaderl.core.config import Config, ConfigError
 from jaderl.core.loop import VIDEO_RECORDER, PeerError
@@ -75,8 +76,7 @@ class RecordingError(PeerError):
 def record(agent: Agent, out: str | Path, episodes: int = 3, seed: int = 0) -> list[Path]:
     """Write ``episodes`` videos of ``agent`` acting deterministically in ``agent.config.env`` to the directory
     ``out`` (``episode-0.mp4``, ...; episode ``i`` starts from ``reset(seed=seed + i)``) and return their paths."""
-    if isinstance(episodes, bool) or not isinstance(episodes, int) or episodes < 1:
-        raise ConfigError(f"episodes={episodes!r} is out of range: it must be a whole number >= 1")
+    episodes = episode_count(episodes)
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:  # Gymnasium's reset refuses it mid-way
         raise ConfigError(f"seed={seed!r} is out of range: it must be a whole number >= 0")
     if Path(out).exists() and not Path(out).is_dir():

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from jaderl.api import ALGOS, load
+from jaderl.api import ALGOS, episode_count, load
 from jaderl.core.agent import Agent
 from jaderl.core.checkpoint import load_checkpoint
 from jaderl.core.config import ConfigError
@@ -126,9 +126,7 @@ class Ensemble:
 
     def evaluate(self, episodes: int = 10, seed: int = 12_345) -> dict[str, Any]:
         """Mean and std of the ensemble's return over ``episodes`` deterministic episodes (as ``jaderl eval``)."""
-        if isinstance(episodes, bool) or not isinstance(episodes, int) or episodes < 1:
-            raise ConfigError(f"episodes={episodes!r} is not a whole number >= 1; pass how many episodes to "
-                              "evaluate, e.g. episodes=10")
+        episodes = episode_count(episodes)
         env = make_env(self.config.env, episodes, self.device, seed=seed)
         try:
             returns, _ = run_episodes(self, env, seed)  # type: ignore[arg-type]  # it acts like an agent

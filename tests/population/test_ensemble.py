@@ -154,8 +154,8 @@ def test_ensemble_evaluate_refuses_episodes_that_are_not_a_count(two_runs: list[
     """``episodes=0`` used to be named ``num_envs`` (by the env), and ``episodes="2"`` was taken."""
     ensemble = Ensemble([api.load(two_runs[0])])
     for episodes in (0, -1, "2", 2.0, True, None):
-        with pytest.raises(ConfigError, match=rf"^episodes={re.escape(repr(episodes))} is not a whole number >= 1; "
-                                              "pass how many episodes to evaluate, e.g. episodes=10$"):
+        with pytest.raises(ConfigError, match=rf"^episodes={re.escape(repr(episodes))} is out of range: it must be a "
+                                              r"whole number >= 1 \(how many episodes to run\)$"):
             ensemble.evaluate(episodes=episodes)  # type: ignore[arg-type]
     assert ensemble.evaluate(episodes=1)["episodes"] == 1
 
