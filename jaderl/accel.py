@@ -162,8 +162,8 @@ def mixed_precision(agent: Agent, warn: bool = True) -> bool:
     optimizer state and checkpoints stay float32, and state-dict keys do not change, so a run can resume in the
     other precision. Pays where bfloat16 matrix products are fast: GPUs with bfloat16 tensor cores and CPUs with
     AVX-512 BF16 or AMX; elsewhere they are emulated and slower than float32, which one warning says unless ``warn``
-    is false (the pipeline's explorer and evaluator processes, which convert only on such CPUs). Returns whether
-    anything was changed.
+    is false (the pipeline's explorer and evaluator processes, which convert only on such CPUs, and
+    :func:`jaderl.load`, whose run's precision is already chosen). Returns whether anything was changed.
     """
     if getattr(agent.config, "precision", "float32") != "bfloat16":
         return False

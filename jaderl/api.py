@@ -7,10 +7,13 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import numbers
 import os
 import re
+import traceback
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,12 +27,13 @@ from jaderl.core.agent import Agent
 from jaderl.core.checkpoint import CHECKPOINT_JSON, finite_or_raise, load_checkpoint
 from jaderl.core.config import Config, ConfigError
 from jaderl.core.evaluator import BEST_POLICY, run_episodes
-from jaderl.core.loop import TrainingError, TrainResult, resolve_device
+from jaderl.core.loop import Trainer, TrainingError, TrainResult, resolve_device
 from jaderl.core.loop import train as train_loop
 from jaderl.envs import EnvError, make_env
 from jaderl.envs.atari import is_atari_id
 from jaderl.envs.stock import with_absolute_csv
 from jaderl.marl import MARL_ALGOS
+from jaderl.marl.base import TeamRewardWarning
 from jaderl.zoo import ZooEntry, lookup
 
 Progress = Callable[[dict[str, Any]], None]
@@ -89,7 +93,7 @@ def _run(config: Config, resume: bool, progress: Progress | None) -> TrainResult
                 return train_torchrun(config, agent_cls, resume=resume, progress=progress)
             return train_ddp(config, agent_cls, resume=resume, progress=progress)
         return train_loop(config, agent_cls, resume=resume, progress=progress)
-    except RuntimeError as exc:
+    except (RuntimeError, MemoryError) as exc:
         if not isinstance(exc, TrainingError) and _out_of_memory(exc):
             raise TrainingError(_memory_advice(config, exc)) from exc
         _say_if_nothing_was_saved(config, exc)
@@ -107,19 +111,45 @@ def _say_if_nothing_was_saved(config: Config, exc: Exception) -> None:
         raise type(exc)(message) from exc
 
 
-def _out_of_memory(exc: RuntimeError) -> bool:
-    """Whether ``exc`` is an allocation failure: torch's CPU allocator raises a plain RuntimeError, CUDA its own."""
-    return isinstance(exc, torch.OutOfMemoryError) or "can't allocate memory" in str(exc)
+def _out_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` is an allocation failure: torch's CPU allocator raises a plain RuntimeError, CUDA its own,
+    numpy (Gymnasium envs) a MemoryError."""
+    return isinstance(exc, torch.OutOfMemoryError | MemoryError) or "can't allocate memory" in str(exc)
 
 
-def _memory_advice(config: Config, exc: RuntimeError) -> str:
-    """One sentence for an allocation failure: how much, where, and the settings that size the big tensors."""
-    size = re.search(r"allocate (\d+) bytes|Tried to allocate ([\d.]+ \w+)", str(exc))
-    amount = "" if size is None else f"{int(size[1]) / 1e9:.1f} GB " if size[1] else f"{size[2]} "
+def _allocation(exc: BaseException, device: torch.device) -> str:
+    """"out of memory: 20.00 GiB could not be allocated on cuda:0": how much (where the error says) and where."""
+    size = re.search(r"allocate (\d+) bytes|Tried to allocate ([\d.]+ \w+)|Unable to allocate ([\d.]+ \w+)", str(exc))
+    amount = "" if size is None else f"{int(size[1]) / 1e9:.1f} GB " if size[1] else f"{size[2] or size[3]} "
+    return f"out of memory: {amount}could not be allocated on {device}"
+
+
+def _entity_counts(env: str) -> str:
+    """The options of the env id that count agents or other entities (``num_agents=64``, VMAS's ``n_agents``,
+    MPE2's ``N``): each sub-env holds that many, and every agent observes the others, so they size memory too."""
+    counts = re.findall(r"(?:^|&)((?:num_|n_)\w+|N)=(\d+)", env.partition("?")[2])
+    if not counts:
+        return ""
+    given = ", ".join(f"{key}={value}" for key, value in counts)
+    return f", or lower {given} in the env id (each sub-env holds that many entities)"
+
+
+def _in_evaluation(exc: BaseException) -> bool:
+    """Whether ``exc`` came from building the evaluation env or running its episodes."""
+    codes = {inspect.unwrap(run_episodes).__code__, Trainer.make_evaluator.__code__}
+    return any(frame.f_code in codes for frame, _ in traceback.walk_tb(exc.__traceback__))
+
+
+def _memory_advice(config: Config, exc: BaseException) -> str:
+    """One sentence for an allocation failure: how much, where, and the settings that size the big tensors (those of
+    the evaluation when it ran out: it runs ``eval_episodes`` sub-envs side by side)."""
+    where, counts = _allocation(exc, resolve_device(config.device)), _entity_counts(config.env)
+    if _in_evaluation(exc):
+        return (f"{where} while evaluating eval_episodes={config.eval_episodes} episodes side by side (one sub-env "
+                f"each); lower eval_episodes (--eval-episodes, which a resumed run may change too){counts}")
     settings = ("buffer_size (the replay buffer keeps every transition's observation and the next one)"
                 if hasattr(config, "buffer_size") else "num_envs or horizon (the rollout), or minibatch_size")
-    device = resolve_device(config.device)
-    return f"out of memory: {amount}could not be allocated on {device}; start a new run with a lower {settings}"
+    return f"{where}; start a new run with a lower {settings}{counts}"
 
 
 RESUME_SETTINGS = ("total_steps", "time_limit", "target_return", "eval_every", "eval_episodes", "checkpoint_every",
@@ -200,8 +230,10 @@ def load(run_dir: str | Path, best: bool = True, device: str = "cpu") -> Agent:
         spec = env.spec  # agents are built from the env's description
     finally:
         env.close()
-    agent = ALGOS[config.algo].agent_cls(config, spec, resolve_device(device))
-    mixed_precision(agent)  # the networks compute as they did in training (config.precision)
+    with warnings.catch_warnings():  # training said what it had to say about the run's settings
+        warnings.simplefilter("ignore", TeamRewardWarning)
+        agent = ALGOS[config.algo].agent_cls(config, spec, resolve_device(device))
+    mixed_precision(agent, warn=False)  # the networks compute as they did in training (config.precision)
     if use_best:
         _load_best_policy(agent, best_path)
         if meta is not None:
@@ -301,12 +333,18 @@ def evaluate(run_dir: str | Path, episodes: int = 10, seed: int = 12_345, device
     best policy: their summed return does not rank policies."""
     episodes = episode_count(episodes)
     agent = load(run_dir, best=best, device=device)
-    env = make_env(agent.config.env, episodes, agent.device, seed=seed)
     try:
-        returns, _ = run_episodes(agent, env, seed)
-        kinds = list(env.teams)
-    finally:
-        env.close()
+        env = make_env(agent.config.env, episodes, agent.device, seed=seed)
+        try:
+            returns, _ = run_episodes(agent, env, seed)
+            kinds = list(env.teams)
+        finally:
+            env.close()
+    except (RuntimeError, MemoryError) as exc:  # the episodes run side by side, one sub-env each
+        if not _out_of_memory(exc):
+            raise
+        raise ConfigError(f"{_allocation(exc, agent.device)} while evaluating {episodes} episodes side by side (one "
+                          "sub-env each); evaluate fewer episodes") from exc
     team = returns.sum(-1) if returns.dim() > 1 else returns  # (episodes, agents): the team's
     extra: dict[str, Any] = {"mean_per_agent": returns.mean().item()} if returns.dim() > 1 else {}
     if len(set(kinds)) > 1:

@@ -22,6 +22,8 @@ import warnings
 from pathlib import Path
 from typing import Any, NoReturn
 
+import yaml
+
 import jaderl
 from jaderl import api
 from jaderl.core.checkpoint import CHECKPOINT_JSON
@@ -75,7 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
     for flag, kind in TRAIN_FLAGS.items():
         help_text = Config.__dataclass_fields__[flag].metadata["help"]
         train.add_argument(f"--{flag.replace('_', '-')}", dest=flag, type=kind, help=help_text)
-    train.add_argument("--config", metavar="FILE.yaml", help="read config fields from a YAML file")
+    train.add_argument("--config", metavar="FILE.yaml", help="read config fields from a YAML file; a run's own "
+                       "config.yaml starts a new run in a directory of its own (its run_dir says where that run is)")
     train.add_argument("--set", dest="overrides", metavar="KEY=VALUE", action="append", default=[],
                        help="set any config field, e.g. --set lr=0.001 --set hidden=[64,64]")
     train.add_argument("--no-zoo", dest="zoo", action="store_false", default=None,
@@ -251,10 +254,31 @@ class ProgressPrinter:
             print(line, file=sys.stderr, flush=True)
 
 
+def _config_file(path: str) -> dict[str, Any]:
+    """The settings of ``--config path``; a field given twice is refused (YAML keeps the last value without a
+    word). A run's own config.yaml (in the run directory it names, or beside a checkpoint) keeps the run's directory
+    as ``run_dir``: where that run is, not a setting, so it is left out."""
+    settings = Config.read_yaml(path)  # from here on the file is known to hold a mapping of plain keys
+    lines: dict[str, int] = {}
+    for key, _ in yaml.compose(Path(path).read_text(), yaml.SafeLoader).value:
+        if key.tag != "tag:yaml.org,2002:merge" and key.value in lines:  # (`<<` merges may be overridden)
+            _fail(f"cannot read config file {path}: {key.value!r} is given twice (lines {lines[key.value]} and "
+                  f"{key.start_mark.line + 1}); keep one of them")
+        lines[key.value] = key.start_mark.line + 1
+    saved_in, here = settings.get("run_dir"), Path(path).resolve().parent
+    if not isinstance(saved_in, str) or not saved_in:
+        return settings
+    in_its_run = Path(path).name == "config.yaml" and (here / CHECKPOINT_JSON).exists()
+    with contextlib.suppress(OSError, ValueError):  # (a run_dir no path can have is refused later, as the config's)
+        if in_its_run or Path(saved_in).resolve() == here:
+            del settings["run_dir"]
+    return settings
+
+
 def _train(args: argparse.Namespace) -> TrainResult:
     settings: dict[str, Any] = {}
     if args.config:
-        settings.update(Config.read_yaml(args.config))
+        settings.update(_config_file(args.config))
     settings.update({k: getattr(args, k) for k in TRAIN_FLAGS if getattr(args, k) is not None})
     settings.update(dict(parse_assignment(text) for text in args.overrides))
     if args.zoo is False:

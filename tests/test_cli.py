@@ -185,14 +185,29 @@ def test_config_file_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     (tmp_path / "badvalue.yaml").write_text("lr: -0.5\n")
     (tmp_path / "unknown.yaml").write_text("learning_rate: 0.1\n")
     (tmp_path / "binary.yaml").write_bytes(b"\xff\xfe\x00bad")
+    (tmp_path / "twice.yaml").write_text("lr: 0.1\nlr: 0.2\n")
     for name in ("missing.yaml", "list.yaml", "scalar.yaml", "empty.yaml", "broken.yaml", "badvalue.yaml",
-                 "unknown.yaml", "binary.yaml", "."):
+                 "unknown.yaml", "binary.yaml", "twice.yaml", "."):
         code, _, err = _run(["train", "ppo", ENV, "--config", str(tmp_path / name), "--device", "cpu",
                              "--run-dir", str(tmp_path / "run")], capsys)
         _assert_one_line_error(code, err)
         if name not in ("badvalue.yaml", "unknown.yaml"):
             assert str(tmp_path / name) in err
     assert not (tmp_path / "run").exists()
+
+
+def test_a_config_file_that_gives_a_field_twice_is_refused(tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "twice.yaml"
+    config.write_text("lr: 0.1\nseed: 3\n'lr': 0.2\n")
+    code, _, err = _run(["train", "ppo", ENV, "--config", str(config), "--run-dir", str(tmp_path / "run")], capsys)
+    _assert_one_line_error(code, err)
+    assert err.strip() == (f"jaderl: error: cannot read config file {config}: 'lr' is given twice (lines 1 and 3); "
+                           "keep one of them")
+    assert not (tmp_path / "run").exists()
+    config.write_text("base: &base {lr: 0.1}\n<<: *base\nlr: 0.2\n")  # overriding a merged key is what merging is for
+    code, _, err = _run(["train", "ppo", ENV, "--config", str(config), "--run-dir", str(tmp_path / "run")], capsys)
+    assert "given twice" not in err and "unknown field 'base'" in err
 
 
 def test_resume_and_eval_without_checkpoint(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -323,6 +338,28 @@ def test_a_new_run_from_another_runs_config_file(tmp_path: Path, capsys: pytest.
     assert _snapshot(tmp_path) == before
 
 
+def test_a_runs_own_config_file_starts_a_new_run_in_a_new_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """The run_dir a run's config.yaml names is where that run is: a new run from the file gets a directory of its
+    own; a copy of the file elsewhere still names that run's directory, which is refused, and no run's file changes."""
+    monkeypatch.chdir(tmp_path)
+    first = Path("runs") / "first"
+    code, _, err = _run(["train", "ppo", ENV, "--run-dir", str(first), "--total-steps", "128", *TINY], capsys)
+    assert code == 0, err
+    before = _snapshot(first)
+    code, out, err = _run(["train", "--config", str(first / "config.yaml"), "--json"], capsys)
+    assert code == 0, err
+    again = Path(json.loads(out.splitlines()[-1])["run_dir"])
+    assert again.parent == Path("runs") and again != first and (again / CHECKPOINT_JSON).exists()
+    assert _snapshot(first) == before
+    copy = tmp_path / "copy.yaml"
+    copy.write_text((first / "config.yaml").read_text())
+    code, _, err = _run(["train", "--config", str(copy)], capsys)
+    _assert_one_line_error(code, err)
+    assert f"run directory {first} already holds a run" in err
+    assert _snapshot(first) == before
+
+
 def test_a_damaged_best_policy_is_one_line(trained_run: tuple[Path, dict[str, Any]], tmp_path: Path,
                                            capsys: pytest.CaptureFixture[str]) -> None:
     run_dir = tmp_path / "copy"
@@ -429,6 +466,71 @@ def test_running_out_of_memory_is_one_line_and_exit_1(algo: str, error: str, adv
     monkeypatch.setattr("jaderl.api.train_loop", allocation_fails)
     code, _, err = _run(["train", algo, ENV, "--device", "cpu", "--run-dir", str(tmp_path / "run")], capsys)
     assert code == 1 and len(err.splitlines()) == 1 and err.startswith(f"jaderl: error: out of memory: {advice}")
+
+
+@pytest.mark.parametrize("where", ["building", "stepping"])
+def test_running_out_of_memory_in_evaluation_names_eval_episodes(where: str, monkeypatch: pytest.MonkeyPatch,
+                                                                 capsys: pytest.CaptureFixture[str],
+                                                                 tmp_path: Path) -> None:
+    """The evaluation env has eval_episodes sub-envs: running out of memory building or stepping it names that."""
+    from jaderl.core import loop
+
+    real = loop.make_env
+
+    def make_env(name: str, num_envs: int, *args: Any, **kwargs: Any) -> Any:
+        if num_envs != 7:  # the training env
+            return real(name, num_envs, *args, **kwargs)
+        if where == "building":
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 3.00 GiB. GPU 0 has a total capacity")
+        env = real(name, num_envs, *args, **kwargs)
+
+        def step(action: torch.Tensor) -> None:
+            raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 3000000000 bytes")
+
+        env.step = step
+        return env
+
+    monkeypatch.setattr(loop, "make_env", make_env)
+    code, _, err = _run(["train", "ppo", ENV, "--run-dir", str(tmp_path / "run"), "--total-steps", "256", *TINY,
+                         "--eval-episodes", "7"], capsys)
+    amount = "3.00 GiB" if where == "building" else "3.0 GB"
+    assert code == 1 and err.splitlines() == [
+        f"jaderl: error: out of memory: {amount} could not be allocated on cpu while evaluating eval_episodes=7 "
+        "episodes side by side (one sub-env each); lower eval_episodes (--eval-episodes, which a resumed run may "
+        "change too)"]
+
+
+def test_running_out_of_memory_names_the_env_ids_agent_count(monkeypatch: pytest.MonkeyPatch,
+                                                             capsys: pytest.CaptureFixture[str],
+                                                             tmp_path: Path) -> None:
+    def allocation_fails(*args: Any, **kwargs: Any) -> None:
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB.")
+
+    monkeypatch.setattr("jaderl.api.train_loop", allocation_fails)
+    code, _, err = _run(["train", "mappo", "jaderl/simple_spread?num_agents=4000&continuous=true", "--device", "cpu",
+                         "--run-dir", str(tmp_path / "run")], capsys)
+    assert code == 1 and err.splitlines() == [
+        "jaderl: error: out of memory: 20.00 GiB could not be allocated on cpu; start a new run with a lower num_envs "
+        "or horizon (the rollout), or minibatch_size, or lower num_agents=4000 in the env id (each sub-env holds that "
+        "many entities)"]
+
+
+def test_eval_running_out_of_memory_is_one_line(trained_run: tuple[Path, dict[str, Any]],
+                                                monkeypatch: pytest.MonkeyPatch,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    run_dir, _ = trained_run
+    before = _snapshot(run_dir)
+
+    def allocation_fails(*args: Any, **kwargs: Any) -> None:
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 9.00 GiB.")
+
+    monkeypatch.setattr("jaderl.api.run_episodes", allocation_fails)
+    code, out, err = _run(["eval", str(run_dir), "--episodes", "1000"], capsys)
+    _assert_one_line_error(code, err)
+    assert out == "" and err.strip() == ("jaderl: error: out of memory: 9.00 GiB could not be allocated on cpu while "
+                                         "evaluating 1000 episodes side by side (one sub-env each); evaluate "
+                                         "fewer episodes")
+    assert _snapshot(run_dir) == before
 
 
 def test_the_first_progress_line_of_a_resumed_run_shows_its_rate(capsys: pytest.CaptureFixture[str]) -> None:

@@ -26,8 +26,8 @@ EnvFactory = Callable[[int, torch.device, "int | None"], VecEnv]
 REGISTERED_ENVS: dict[str, EnvFactory] = {}
 """Env ids added by :func:`register_env`."""
 
-__all__ = ["REGISTERED_ENVS", "TORCH_ENVS", "EnvError", "EnvSpec", "GymnasiumVecEnv", "VecEnv", "make_env",
-           "register_env"]
+__all__ = ["NOT_GYMNASIUM", "REGISTERED_ENVS", "SIMULATORS", "TORCH_ENVS", "EnvError", "EnvSpec", "GymnasiumVecEnv",
+           "VecEnv", "make_env", "register_env"]
 
 
 def register_env(name: str, factory: EnvFactory) -> None:
@@ -125,6 +125,62 @@ def _options_taken(name: str) -> Iterator[None]:
                        "options") from None
 
 
+def _vmas(name: str, num_envs: int, device: torch.device | str, seed: int | None, workers: int) -> VecEnv:
+    """VMAS scenarios, batched on the device already (pip install 'jaderl[vmas]')."""
+    from jaderl.envs.vmas import VmasVecEnv, make_vmas_env
+
+    base, _, query = name.partition("?")  # vmas/navigation?n_agents=2: the scenario's own options; continuous and
+    with _options_taken(name):  # max_steps are the adapter's (typed)
+        return make_vmas_env(base, num_envs, device, seed=seed, **_options(name, query, VmasVecEnv))
+
+
+def _brax(name: str, num_envs: int, device: torch.device | str, seed: int | None, workers: int) -> VecEnv:
+    """Brax's JAX simulators through DLPack (pip install 'jaderl[brax]')."""
+    from jaderl.envs.brax import make_brax_env
+
+    base, _, query = name.partition("?")
+    return make_brax_env(base, num_envs, device, seed=seed, **_options(name, query))
+
+
+def _playground(name: str, num_envs: int, device: torch.device | str, seed: int | None, workers: int) -> VecEnv:
+    """MuJoCo Playground's MJX / MuJoCo Warp envs (pip install 'jaderl[playground]')."""
+    from jaderl.envs.brax import make_playground_env
+
+    base, _, query = name.partition("?")
+    return make_playground_env(base, num_envs, device, seed=seed, **_options(name, query))
+
+
+def _maniskill(name: str, num_envs: int, device: torch.device | str, seed: int | None, workers: int) -> VecEnv:
+    """ManiSkill3's tasks, tensors as they are (pip install 'jaderl[maniskill]')."""
+    from jaderl.envs.torch_vector import make_maniskill_env
+
+    base, _, query = name.partition("?")
+    with _options_taken(name):  # maniskill/PickCube-v1?control_mode=pd_ee_delta_pose: gym.make's options
+        return make_maniskill_env(base, num_envs, device, seed=seed, **_options(name, query))
+
+
+def _pettingzoo(name: str, num_envs: int, device: torch.device | str, seed: int | None, workers: int) -> VecEnv:
+    """Any PettingZoo parallel env by module path (pip install 'jaderl[marl]')."""
+    from jaderl.envs.pettingzoo import make_pettingzoo_env
+
+    base, _, query = name.partition("?")
+    with _options_taken(name):  # pettingzoo/mpe2.simple_spread_v3?N=4: parallel_env(N=4)
+        return make_pettingzoo_env(base, num_envs, device, seed=seed, workers=workers, **_options(name, query))
+
+
+JADERL_PREFIX = "jaderl/"
+"""The prefix of jaderl's own torch-native env ids (``jaderl/CartPole-v1``, ``jaderl/StockTrading-v0``)."""
+
+SIMULATORS: dict[str, Callable[[str, int, torch.device | str, int | None, int], VecEnv]] = {
+    "vmas/": _vmas, "brax/": _brax, "playground/": _playground, "maniskill/": _maniskill, "pettingzoo/": _pettingzoo}
+"""Env id prefixes of the simulators :func:`make_env` builds through an adapter of their own, not through
+Gymnasium, and the builder of each: ``builder(name, num_envs, device, seed, workers)``."""
+
+NOT_GYMNASIUM = (JADERL_PREFIX, *SIMULATORS)
+"""Prefixes of every env id :func:`make_env` builds without Gymnasium (Atari ids, ``ALE/...``, go through
+Gymnasium and ale-py)."""
+
+
 def make_env(name: str, num_envs: int, device: torch.device | str = "cpu", seed: int | None = None,
              workers: int = 0) -> VecEnv:
     """Build ``num_envs`` copies of env ``name``: a built-in torch env (``jaderl/...``), an Atari game (``ALE/...`` or
@@ -153,31 +209,9 @@ def make_env(name: str, num_envs: int, device: torch.device | str = "cpu", seed:
         with _options_taken(name):
             return TORCH_ENVS[base](num_envs=num_envs, device=device, seed=seed,
                                     **_options(name, query, TORCH_ENVS[base]))
-    if name.startswith("vmas/"):  # VMAS scenarios, batched on the device already (pip install 'jaderl[vmas]')
-        from jaderl.envs.vmas import VmasVecEnv, make_vmas_env
-
-        # vmas/navigation?n_agents=2: the scenario's own options; continuous and max_steps are the adapter's (typed)
-        with _options_taken(name):
-            return make_vmas_env(base, num_envs, device, seed=seed, **_options(name, query, VmasVecEnv))
-    if name.startswith("brax/"):  # Brax's JAX simulators through DLPack (pip install 'jaderl[brax]')
-        from jaderl.envs.brax import make_brax_env
-
-        return make_brax_env(base, num_envs, device, seed=seed, **_options(name, query))
-    if name.startswith("playground/"):  # MuJoCo Playground's MJX / MuJoCo Warp envs (pip install 'jaderl[playground]')
-        from jaderl.envs.brax import make_playground_env
-
-        return make_playground_env(base, num_envs, device, seed=seed, **_options(name, query))
-    if name.startswith("maniskill/"):  # ManiSkill3's tasks, tensors as they are (pip install 'jaderl[maniskill]')
-        from jaderl.envs.torch_vector import make_maniskill_env
-
-        with _options_taken(name):  # maniskill/PickCube-v1?control_mode=pd_ee_delta_pose: gym.make's options
-            return make_maniskill_env(base, num_envs, device, seed=seed, **_options(name, query))
-    if name.startswith("pettingzoo/"):  # any PettingZoo parallel env by module path (pip install 'jaderl[marl]')
-        from jaderl.envs.pettingzoo import make_pettingzoo_env
-
-        with _options_taken(name):  # pettingzoo/mpe2.simple_spread_v3?N=4: parallel_env(N=4)
-            return make_pettingzoo_env(base, num_envs, device, seed=seed, workers=workers, **_options(name, query))
-    if name.startswith("jaderl/"):
+    if family := next((prefix for prefix in SIMULATORS if name.startswith(prefix)), None):
+        return SIMULATORS[family](name, num_envs, device, seed, workers)
+    if name.startswith(JADERL_PREFIX):
         raise EnvError(f"unknown env {name!r}; the built-in torch envs are: {', '.join(sorted(TORCH_ENVS))}")
     if workers > 0:
         from jaderl.envs.subproc import SubprocVecEnv

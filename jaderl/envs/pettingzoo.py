@@ -340,7 +340,11 @@ class PettingZooVecEnv(VecEnv):
         except NotImplementedError:
             state_dim, has_state = sum(sizes), False
         self.state_shape = (state_dim,)
-        self.max_steps = int(getattr(env.unwrapped, "max_cycles", 0) or 0)
+        cycles = getattr(env.unwrapped, "max_cycles", None)
+        if isinstance(cycles, int) and cycles < 1:  # MPE2 would truncate every step (0) or never end an episode
+            raise EnvError(f"max_cycles={cycles} of PettingZoo env {self._name!r} must be at least 1 (the steps after "
+                           "which an episode is truncated), e.g. ?max_cycles=25")
+        self.max_steps = int(cycles or 0)
         if self.is_discrete:
             starts = np.array([agent._discrete_start for agent in spaces], np.int64)
             self._starts = torch.from_numpy(starts)

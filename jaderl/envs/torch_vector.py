@@ -155,6 +155,10 @@ def make_maniskill_env(name: str, num_envs: int, device: str | torch.device = "c
     task = name.removeprefix("maniskill/")
     if task not in gym.registry:
         raise EnvError(f"unknown ManiSkill3 task {task!r}; see ManiSkill3's task list (e.g. PushCube-v1, PickCube-v1)")
+    steps = options.get("max_episode_steps")
+    if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
+        raise EnvError(f"option max_episode_steps={steps!r} of ManiSkill3 task {task!r} must be a whole number of at "
+                       "least 1 (the steps after which an episode is truncated), e.g. ?max_episode_steps=100")
     env = gym.make(task, num_envs=num_envs, obs_mode=obs_mode, control_mode=control_mode, render_mode=None,
                    sim_backend="physx_cuda" if device.type == "cuda" else "physx_cpu", **options)
     return TorchVectorEnv(ManiSkillVectorEnv(env, auto_reset=True, ignore_terminations=False), device)

@@ -18,7 +18,7 @@ contract of :class:`~jaderl.envs.vec.EnvSpec` for the scenario's ``A`` policy ag
 * **Global state** ``(N, state_dim)``: VMAS has no global state, so it is every agent's observation concatenated in
   agent order (without padding or one-hot).
 * **Episodes**: ``terminated`` is the scenario's ``done()``; ``truncated`` comes from VMAS's own step counter
-  (``max_steps``; 0 for none), true on the step it reaches ``max_steps`` whether or not the sub-env also
+  (``max_steps``, at least 1), true on the step it reaches ``max_steps`` whether or not the sub-env also
   terminated, as with Gymnasium's ``TimeLimit``. Finished sub-envs reset inside ``step``: all at once with VMAS's
   batched ``reset()`` when all finished together (the time limit of sub-envs started together), otherwise with its
   ``reset_at(index)`` for each finished one, since VMAS scenarios reset one index or all of them, not a subset.
@@ -63,14 +63,16 @@ class VmasVecEnv(VecEnv):
         known = sorted({*vmas.scenarios, *vmas.mpe_scenarios, *vmas.debug_scenarios})
         if scenario not in known:
             raise EnvError(f"unknown VMAS scenario {scenario!r}; choose one of: {', '.join(known)}")
-        if num_envs < 1 or max_steps < 0:
-            raise EnvError(f"num_envs ({num_envs}) must be at least 1 and max_steps ({max_steps}) at least 0 "
-                           "(0: no time limit)")
+        if num_envs < 1:
+            raise EnvError(f"num_envs ({num_envs}) must be at least 1")
+        if max_steps < 1:  # (VMAS's "no limit" would let an evaluation of a scenario that never ends run 100,000 steps)
+            raise EnvError(f"VMAS option max_steps={max_steps} must be at least 1 (the steps after which an episode "
+                           "is truncated), e.g. ?max_steps=100")
         with warnings.catch_warnings():  # VMAS only warns of options its scenario does not read: a typo would pass
             warnings.filterwarnings("error", message=".*passed but not used by the scenario")
             try:
                 self.env = vmas.make_env(scenario, num_envs=num_envs, device=device, continuous_actions=continuous,
-                                         max_steps=max_steps or None, seed=seed, terminated_truncated=True, **kwargs)
+                                         max_steps=max_steps, seed=seed, terminated_truncated=True, **kwargs)
             except UserWarning as exc:
                 unused = str(exc).partition("kwargs: ")[2].partition(" passed")[0]
                 raise EnvError(f"VMAS scenario {scenario!r} reads no option {unused}; see the scenario's make_world "
@@ -186,6 +188,6 @@ class VmasVecEnv(VecEnv):
 def make_vmas_env(scenario: str, num_envs: int, device: str | torch.device = "cpu", seed: int | None = None,
                   continuous: bool = False, max_steps: int = 100, **kwargs: Any) -> VecEnv:
     """``num_envs`` sub-envs of VMAS scenario ``scenario`` (``navigation`` or ``vmas/navigation``) on ``device``,
-    truncated at ``max_steps`` (0: never); ``kwargs`` go to the scenario. See the module docstring."""
+    truncated at ``max_steps`` (at least 1); ``kwargs`` go to the scenario. See the module docstring."""
     return VmasVecEnv(scenario, num_envs, device=device, seed=seed, continuous=continuous, max_steps=max_steps,
                       **kwargs)

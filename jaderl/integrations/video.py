@@ -35,7 +35,7 @@ from jaderl.api import episode_count
 from jaderl.core.agent import Agent
 from jaderl.core.config import Config, ConfigError
 from jaderl.core.loop import VIDEO_RECORDER, PeerError
-from jaderl.envs import REGISTERED_ENVS, TORCH_ENVS, make_env
+from jaderl.envs import NOT_GYMNASIUM, REGISTERED_ENVS, TORCH_ENVS, make_env
 from jaderl.envs.atari import is_atari_id
 from jaderl.envs.classic import AcrobotEnv, CartPoleEnv, MountainCarContinuousEnv, MountainCarEnv, PendulumEnv
 from jaderl.envs.mpe import SimpleSpreadEnv, SimpleTagEnv
@@ -64,8 +64,6 @@ GREY, BLUE, RED, GREEN = (0.25, 0.25, 0.25), (0.35, 0.35, 0.85), (0.85, 0.35, 0.
 """MPE2's entity colours."""
 SPREAD_LANDMARK_SIZE = 0.05
 """MPE2's default entity size, simple_spread's landmarks' (they do not collide, so the env does not keep it)."""
-NOT_GYMNASIUM = ("vmas/", "brax/", "playground/", "maniskill/", "pettingzoo/", "jaderl/")
-"""Prefixes of the env ids that :func:`~jaderl.envs.make_env` builds without Gymnasium (none of them is drawn)."""
 
 
 class RecordingError(PeerError):

@@ -25,6 +25,11 @@ from jaderl.core.nets import ObsNorm
 from jaderl.envs.vec import EnvSpec
 
 
+class TeamRewardWarning(UserWarning):
+    """An algorithm that learns the team reward built for a game between teams; said when a run is built, not again
+    when the run is loaded (:func:`jaderl.load`)."""
+
+
 class MultiAgent:
     """The multi-agent mixin: refuses single-agent envs, gives features the agent id, knows the agent count."""
 
@@ -43,7 +48,7 @@ class MultiAgent:
             warnings.warn(f"{config.algo or type(self).__name__} learns the sum of every agent's reward, and "
                           f"{config.env or 'this env'} has agents of {len(teams)} kinds ({', '.join(teams)}): in a "
                           "game between teams that sum is no team's goal, so use ippo, iql, maddpg or matd3, which "
-                          "learn each agent's own reward", stacklevel=2)
+                          "learn each agent's own reward", TeamRewardWarning, stacklevel=2)
 
     def running_stats(self) -> dict[str, nn.Module | torch.Tensor]:
         # only when enabled, so that checkpoints written without it still load

@@ -92,6 +92,11 @@ def test_options_in_the_id_go_to_the_env() -> None:
         env.close()
     with pytest.raises(EnvError, match="unexpected keyword argument 'bogus'"):
         make_env("pettingzoo/mpe2.simple_spread_v3?bogus=1", 1, "cpu")
+    for cycles in (0, -3):  # MPE2 would truncate every step, or never
+        with pytest.raises(EnvError, match=rf"^max_cycles={cycles} of PettingZoo env 'simple_spread_v3' must be at "
+                                           r"least 1 \(the steps after which an episode is truncated\), e\.g\. "
+                                           r"\?max_cycles=25$"):
+            make_env(f"pettingzoo/mpe2.simple_spread_v3?max_cycles={cycles}", 1, "cpu")
 
 
 @pytest.mark.parametrize("continuous", [False, True])

@@ -208,6 +208,12 @@ def test_maniskill_ids(fake_maniskill: list[dict[str, Any]], monkeypatch: pytest
         make_env("maniskill/FakeCube-v1", 4, "cpu")
     with pytest.raises(EnvError, match=r"^unknown ManiSkill3 task 'NoCube-v1'; see ManiSkill3's task list"):
         make_env("maniskill/NoCube-v1", 1, "cpu")
+    for steps in ("0", "-5", "2.5"):  # Gymnasium's TimeLimit would raise its own error from inside gym.make
+        with pytest.raises(EnvError, match=rf"^option max_episode_steps={steps} of ManiSkill3 task 'FakeCube-v1' must "
+                                           r"be a whole number of at least 1 \(the steps after which an episode is "
+                                           r"truncated\), e\.g\. \?max_episode_steps=100$"):
+            make_env(f"maniskill/FakeCube-v1?max_episode_steps={steps}", 1, "cpu")
+    assert len(fake_maniskill) == 1  # none of them reached gym.make
 
     def strict(task: str, **kwargs: Any) -> None:
         raise TypeError("PushCubeEnv.__init__() got an unexpected keyword argument 'colour'")  # as a task says it

@@ -56,6 +56,10 @@ def test_options_in_the_id_go_to_the_scenario() -> None:
         make_env("vmas/navigation?continuous=maybe", 2, "cpu")
     with pytest.raises(EnvError, match=r"^env option 'num_envs' in 'vmas/navigation\?num_envs=5' is jaderl's to set"):
         make_env("vmas/navigation?num_envs=5", 2, "cpu")
+    for steps in (0, -1):  # an episode must end: evaluations run every sub-env's episode to its end
+        with pytest.raises(EnvError, match=rf"^VMAS option max_steps={steps} must be at least 1 \(the steps after "
+                                           r"which an episode is truncated\), e.g. \?max_steps=100$"):
+            make_env(f"vmas/navigation?max_steps={steps}", 2, "cpu")
 
 
 @pytest.mark.parametrize(("scenario", "continuous"), [("navigation", False), ("balance", True)])
@@ -87,7 +91,7 @@ def test_sub_envs_that_finish_alone_reset_alone() -> None:
     truncation comes ``max_steps`` later than the others'. A twin env, seeded alike and never terminated, shows
     what every sub-env reached (navigation's physics is deterministic; only resets draw random numbers)."""
     env = make_vmas_env("navigation", 4, seed=0, max_steps=6)
-    twin = make_vmas_env("navigation", 4, seed=0, max_steps=0)  # no time limit
+    twin = make_vmas_env("navigation", 4, seed=0, max_steps=100)  # no time limit within these steps
     assert torch.equal(env.global_state(), twin.global_state())
     ends = torch.tensor([False, True, False, True])
     generator = torch.Generator().manual_seed(1)

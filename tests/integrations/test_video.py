@@ -236,6 +236,27 @@ def test_record_every_refuses_an_env_it_cannot_draw_before_the_run_starts(env_id
     assert not (tmp_path / "rv").exists()
 
 
+def test_every_family_of_env_ids_make_env_knows_is_classified(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The families video cannot draw are make_env's own list: an id of each is refused from its prefix, nothing
+    built, and make_env names no prefix outside that list."""
+    import inspect
+
+    import jaderl.envs
+    from jaderl.envs import NOT_GYMNASIUM, SIMULATORS
+    from jaderl.integrations.video import check_recordable
+
+    prefixes = set(re.findall(r'"([a-z]+/)"', inspect.getsource(jaderl.envs)))
+    assert prefixes and prefixes <= set(NOT_GYMNASIUM) == {"jaderl/", *SIMULATORS}
+
+    def nothing_is_built(*args: object, **kwargs: object) -> None:
+        raise AssertionError("an env was built")
+
+    monkeypatch.setattr("jaderl.integrations.video.make_env", nothing_is_built)
+    for prefix in NOT_GYMNASIUM:
+        with pytest.raises(EnvError, match=rf"^{prefix}NoSuchEnv-v0 cannot be recorded: videos are drawn for"):
+            check_recordable(f"{prefix}NoSuchEnv-v0")
+
+
 def test_record_every_refuses_a_pettingzoo_env_before_the_run_starts(tmp_path: Path,
                                                                     capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("mpe2")

@@ -48,6 +48,21 @@ def test_the_command_prints_the_warning_as_one_line(tmp_path: Path) -> None:
     assert lines == [line for line in lines if line.startswith("jaderl: warning: vdn learns the sum")] and lines
 
 
+def test_loading_a_run_does_not_repeat_the_warning_training_gave(tmp_path: Path) -> None:
+    from jaderl.api import evaluate, load, train
+
+    run_dir = tmp_path / "vdn"
+    with pytest.warns(UserWarning, match="vdn learns the sum of every agent's reward"):
+        train("vdn", "jaderl/simple_tag", run_dir=str(run_dir), device="cpu", num_envs=2, hidden=[8, 8],
+              total_steps=32, warmup_steps=16, eval_every=32, eval_episodes=1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        load(run_dir)
+        load(run_dir, best=False)
+        evaluate(run_dir, episodes=1)
+    assert [str(w.message) for w in caught] == []
+
+
 def test_a_game_between_teams_keeps_no_best_policy_and_eval_reports_each_team(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The summed return of predators and prey ranks nothing (a catch adds 30 for the predators and takes 10 from
