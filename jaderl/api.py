@@ -23,6 +23,7 @@ import torch
 from jaderl.accel import mixed_precision
 from jaderl.algos import ALGOS as SINGLE_AGENT_ALGOS
 from jaderl.algos import AlgoSpec
+from jaderl.algos.base import ReturnNorm
 from jaderl.core.agent import Agent
 from jaderl.core.checkpoint import CHECKPOINT_JSON, finite_or_raise, load_checkpoint
 from jaderl.core.config import Config, ConfigError
@@ -304,6 +305,10 @@ def _load_checkpoint_agent(agent: Agent, run_dir: Path, meta: dict[str, Any], ha
     try:
         state = load_checkpoint(run_dir, agent.device, part="agent")
         finite_or_raise({"agent": state}, str(tensor_path))
+        for name, stat in agent.running_stats().items():  # a reward normaliser keeps a return per sub-env of the
+            saved = state["running_stats"].get(name)  # run (this agent was built for one): sized as the run's
+            if isinstance(stat, ReturnNorm) and isinstance(saved, dict) and "running" in saved:
+                stat.running = torch.zeros_like(saved["running"], device=stat.running.device)
         agent.load_state_dict(state)
     except ConfigError:
         raise

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from jaderl.algos.base import ReturnNorm
 from jaderl.api import ALGOS, episode_count, load
 from jaderl.core.agent import Agent
 from jaderl.core.checkpoint import load_checkpoint
@@ -56,7 +57,8 @@ def _a(algo: str) -> str:
 
 def fuse_runs(run_dirs: Sequence[str | Path], out: str | Path, device: str = "cpu") -> dict[str, Any]:
     """Fuse the last checkpoints of ``run_dirs`` into a new run directory ``out``: the first run's whole state
-    (replay buffer, env state, counters) with every tensor of the agent averaged over all runs; evaluated once.
+    (replay buffer, env state, counters, a reward normaliser's running return of each of its sub-envs) with every
+    other tensor of the agent averaged over all runs; evaluated once.
     Returns ``{"run_dir", "eval_return", "fused"}``."""
     if len(run_dirs) < 2:
         raise ConfigError(f"fusion needs two or more run directories, got {len(run_dirs)}")
@@ -76,10 +78,14 @@ def fuse_runs(run_dirs: Sequence[str | Path], out: str | Path, device: str = "cp
     with Trainer(config, ALGOS[config.algo].agent_cls) as trainer:
         state = load_checkpoint(run_dirs[0], trainer.device)
         trainer.load_state_dict({**state, "evaluator": {"rows": []}})  # the fused agent's own evaluations only
+        # a reward normaliser's running returns belong to the first run's sub-envs' episodes, which go on
+        returns = [(s, s.running.clone()) for s in trainer.agent.running_stats().values() if isinstance(s, ReturnNorm)]
         try:
             fuse_agents([trainer.agent, *agents[1:]])
         except ValueError as exc:
             raise ConfigError(f"cannot fuse {', '.join(names)}: {exc}") from None
+        for stat, running in returns:
+            stat.running.copy_(running)
         score = trainer.evaluate()
         trainer.checkpoint()
     return {"run_dir": str(out), "eval_return": score, "fused": names}

@@ -328,6 +328,14 @@ class _Controller:
         config, state = self.config, self.state
         first = state["generation"]
         pending = state.pop("pending", None)  # the copies of generation `first`, if the driver died during them
+        ranked = state.pop("ranked", None)
+        if ranked is not None and ranked["generation"] == first - 1 and pending is None:
+            # a population that had ended, trained on (--generations): its last generation, ranked and not copied
+            # then, makes the copies that a population of this many generations made there (the same random state)
+            first -= 1
+            parents, explored = self._plan(ranked["scores"], ranked["hyperparameters"])
+            pending = {"scores": ranked["scores"], "parents": parents, "explored": explored,
+                       "hyperparameters": ranked["hyperparameters"], "rng": _rng_to_json(self.rng)}
         rows = [r for r in read_rows(self.pop_dir)
                 if int(r["generation"]) < first or (pending is not None and int(r["generation"]) == first)]
         write_rows(self.pop_dir, rows)  # rows of a generation the driver did not commit are trained again
@@ -359,6 +367,8 @@ class _Controller:
             state["members"] = [{"parent": parents[k], "hyperparameters": explored.get(k, values[k])}
                                 for k in range(config.members)]
             state["generation"], state["rng"] = g + 1, _rng_to_json(self.rng)
+            if not explored:  # the last generation: ranked, not copied (a resume with more generations copies it)
+                state["ranked"] = {"generation": g, "scores": scores, "hyperparameters": values}
             write_json(self.pop_dir / STATE_JSON, state)  # the generation is committed
             if g + 1 < config.generations and time.perf_counter() - self.plotted_at >= PLOT_EVERY_S:
                 plot_population(self.pop_dir, f"PBT: {config.algo} on {config.env}, {config.members} members")

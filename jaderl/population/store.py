@@ -1,6 +1,7 @@
 """The population directory on disk: its JSON state (written atomically), population.csv, the plot, the best run.
 
     POP_DIR/population.json     settings, generations done, each member's lineage, the controller's random state
+                                (and, once it ends, the last generation's ranking, for a resume that trains on)
     POP_DIR/population.csv      one row per member and generation: generation, member, parent, steps, score,
                                 hyperparameters (JSON), node
     POP_DIR/population.png      every member's score against env steps; dashed lines mark copies (exploits)
@@ -99,6 +100,8 @@ def write_rows(pop_dir: Path, rows: Sequence[dict[str, Any]]) -> None:
         writer = csv.DictWriter(f, CSV_COLUMNS)
         writer.writeheader()
         writer.writerows(rows)
+        f.flush()
+        os.fsync(f.fileno())  # on disk before population.json commits the generation it records
     os.replace(tmp, pop_dir / CSV_NAME)
 
 

@@ -203,6 +203,7 @@ class _Tournament:
         board = leaderboard_actor(ray).remote(str(self.pop_dir), size)
         running: dict[Any, tuple[Any, dict[str, Any], list[Any]]] = {}
         started = finished = 0
+        ending: list[Any] = []  # the member whose period ended, until it is idle or killed
         try:
             while finished < rounds:
                 while started < rounds and len(running) < pool:
@@ -211,6 +212,7 @@ class _Tournament:
                     started += 1
                 [ref], _ = ray.wait(list(running), num_returns=1)
                 actor, info, setup = running.pop(ref)
+                ending = [actor]
                 try:
                     ray.get(setup)  # (a failure there is the member's)
                     result = ray.get(ref)
@@ -225,6 +227,7 @@ class _Tournament:
                 except ray.exceptions.RayActorError:  # its process died: it simply leaves the tournament
                     result, described = {"score": -math.inf, "steps": 0}, {"hyperparameters": {}}
                     ray.kill(actor, no_restart=True)
+                ending = []
                 finished += 1
                 self.update(board, info, result, described)
                 if progress is not None:
@@ -233,7 +236,7 @@ class _Tournament:
                               "time_s": time.perf_counter() - start})
             entries = ray.get(board.top.remote())
         finally:  # Ctrl-C or an error: no member outlives the tournament
-            for actor in [*(a for a, _, _ in running.values()), *self.idle]:
+            for actor in [*(a for a, _, _ in running.values()), *self.idle, *ending]:
                 ray.kill(actor, no_restart=True)
             ray.kill(board, no_restart=True)
         if not entries:

@@ -181,3 +181,17 @@ def test_multi_agent_members_copy_fuse_and_ensemble(tmp_path: Path) -> None:
     ensemble = Ensemble.from_runs([tmp_path / "a", tmp_path / "f"])
     assert ensemble.act(torch.zeros(3, 3, ensemble.spec.obs_shape[-1])).shape[:2] == (3, 3)
     assert ensemble.evaluate(episodes=2)["mean"] < 0
+
+
+def test_fusion_keeps_the_first_runs_own_running_returns(tmp_path: Path) -> None:
+    """With normalize_reward, the reward normaliser's statistics are averaged, but its running discounted returns are
+    those of the first run's sub-envs' episodes, which the fused run continues: they stay the first run's."""
+    settings = dict(num_envs=4, horizon=32, minibatch_size=64, num_epochs=1, hidden=[16, 16], eval_every=128,
+                    eval_episodes=2, total_steps=128, device="cpu", normalize_reward=True)
+    runs = [api.train("ppo", ENV, seed=seed, run_dir=str(tmp_path / f"s{seed}"), **settings).run_dir for seed in (1, 2)]
+    fuse_runs(runs, tmp_path / "fused")
+    a, b, fused = (load_checkpoint(d, part="agent")["running_stats"]["reward_norm"]
+                   for d in (*runs, tmp_path / "fused"))
+    assert not torch.equal(a["running"], b["running"])
+    torch.testing.assert_close(fused["running"], a["running"])
+    torch.testing.assert_close(fused["var"], (a["var"] + b["var"]) / 2)

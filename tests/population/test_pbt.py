@@ -320,6 +320,55 @@ def test_diverged_members_copy_and_are_never_copied() -> None:
         split_by_score([inf, inf], 0.5)
 
 
+def _simulated_generations(pop_dir: Path, generations: int) -> list[dict[str, str]]:
+    """Run (or resume) the population in ``pop_dir`` to ``generations`` with the controller's member calls simulated
+    (no Ray): a member scores by how close its learning rate is to 1e-3, and a copy takes the explored one. Returns
+    population.csv's rows."""
+    from jaderl.population.pbt import FORMAT, _Controller, _rng_to_json
+    from jaderl.population.space import sample
+    from jaderl.population.store import read_state, write_json
+
+    class Simulated(_Controller):
+        def _train_all(self, generation: int) -> list[dict[str, Any]]:
+            return [{"steps": (generation + 1) * 64, "score": -abs(math.log(lr / 1e-3)), "stop_reason": "period"}
+                    for lr in self.lrs]
+
+        def _describe(self, k: int) -> dict[str, Any]:
+            return {"steps": 0, "hyperparameters": {"lr": self.lrs[k]}, "node": "local"}
+
+        def _copy(self, parents: list[int], explored: dict[int, dict[str, float]]) -> None:
+            for k, values in explored.items():
+                self.lrs[k] = values["lr"]
+
+    if (pop_dir / "population.json").exists():  # as resume_pbt reads it
+        state = read_state(pop_dir)
+        state["settings"]["generations"] = generations
+        config = PBTSettings(**state["settings"])
+    else:  # as pbt starts it
+        pop_dir.mkdir()
+        config = PBTSettings("ppo", ENV, members=4, period=64, generations=generations, seed=3,
+                             space={"lr": "loguniform:1e-5:1e-1"}, settings=dict(TINY))
+        rng = random.Random(config.seed)
+        state = {"format": FORMAT, "settings": dataclasses.asdict(config), "generation": 0,
+                 "members": [{"parent": k, "hyperparameters": sample(config.validate(), rng)} for k in range(4)]}
+        state["rng"] = _rng_to_json(rng)
+        write_json(pop_dir / "population.json", state)
+    controller = Simulated(pop_dir, config, config.validate(), state)
+    controller.lrs = [m["hyperparameters"]["lr"] for m in state["members"]]
+    controller._generations(None, time.perf_counter())
+    return _rows(pop_dir)
+
+
+def test_a_finished_population_trained_on_copies_as_if_it_had_never_stopped(tmp_path: Path) -> None:
+    """`--resume POP_DIR --generations N` on a population that had finished: its last generation, ranked and not
+    copied then, makes its copies now, so the population trains on as one started with N generations (the same
+    lineage and values), instead of skipping a generation's exploit."""
+    straight = _simulated_generations(tmp_path / "straight", 4)
+    _simulated_generations(tmp_path / "extended", 2)
+    extended = _simulated_generations(tmp_path / "extended", 4)
+    assert any(r["parent"] != r["member"] for r in straight if r["generation"] == "2")  # generation 1 copied
+    assert extended == straight
+
 def test_copies_of_one_run_retrace_each_other_unless_reseeded(tmp_path: Path) -> None:
     """Two members continued from copies of one checkpoint (a tournament's "best" children) draw the same exploration
     noise and minibatches, so they train to the same parameters; reseeded with their own seeds they differ, and one
@@ -639,6 +688,68 @@ def test_an_address_that_does_not_answer_is_one_sentence(tmp_path: Path, capsys:
         check_reachable("nowhere")
     assert time.monotonic() - start < 10
 
+
+class _FakeRay:
+    """The few Ray calls a tournament makes, in this process: actors are plain objects, a call runs when its result
+    is read, an exception inside a member is a task error; ``killed`` lists the actors killed."""
+
+    class _TaskError(Exception):
+        def __init__(self, cause: BaseException) -> None:
+            super().__init__(str(cause))
+            self.cause = cause
+
+    exceptions = type("exceptions", (), {"RayTaskError": _TaskError, "RayActorError": type("ActorError",
+                                                                                           (Exception,), {})})
+
+    def __init__(self, member_cls: type) -> None:
+        self.member_cls, self.killed, self.actors = member_cls, [], []
+
+    def remote(self, **options: Any) -> Any:
+        def actor_class(cls: type) -> Any:
+            def start(*args: Any) -> Any:
+                obj = cls(*args) if cls.__name__ == "Leaderboard" else self.member_cls()
+                handle = type("Handle", (), {"__getattr__": lambda _, name: type("Method", (), {
+                    "remote": staticmethod(lambda *a: lambda: getattr(obj, name)(*a))})()})()
+                self.actors.append(handle)
+                return handle
+            return type("ActorClass", (), {"remote": staticmethod(start)})()
+        return actor_class
+
+    def get(self, refs: Any) -> Any:
+        if isinstance(refs, list):
+            return [self.get(r) for r in refs]
+        try:
+            return refs()
+        except Exception as exc:
+            raise self._TaskError(exc) from None
+
+    def wait(self, refs: list[Any], num_returns: int) -> tuple[list[Any], list[Any]]:
+        return refs[:num_returns], refs[num_returns:]
+
+    def kill(self, actor: Any, no_restart: bool) -> None:
+        self.killed.append(actor)
+
+
+def test_a_tournament_that_fails_kills_the_member_that_failed(tmp_path: Path) -> None:
+    """A member whose period fails (not a divergence) stops the tournament in one sentence, and its actor is killed
+    as every other one is: none outlives the tournament (a Ray the caller started and keeps would keep it)."""
+    from jaderl.population.space import parse_space
+    from jaderl.population.tournament import _Tournament
+
+    class Failing:
+        def start(self, settings: dict[str, Any], values: dict[str, float]) -> int:
+            return 1
+
+        def train_for(self, steps: int) -> dict[str, Any]:
+            raise ValueError("a bad env step")
+
+    fake = _FakeRay(Failing)
+    (tmp_path / "t").mkdir()
+    runner = _Tournament(fake, {}, tmp_path / "t", ["ppo"], ENV, {"ppo": parse_space(api.ALGOS["ppo"].agent_cls, [])},
+                         {}, 64, 2, (0.0, 0.0, 1.0), random.Random(0), 0)
+    with pytest.raises(PopulationError, match="member t0000 failed: a bad env step"):
+        runner.run(pool=1, rounds=2, size=2, progress=None)
+    assert len(fake.actors) == 2 and set(map(id, fake.killed)) == set(map(id, fake.actors))  # the board, the member
 
 def test_tournament_of_two_algorithms(local_ray: None, tmp_path: Path) -> None:
     """Asynchronous tournament: PPO and A2C members, a leaderboard of 2 persisted to disk, later members continued
