@@ -135,7 +135,7 @@ class WithHTerm:
 
 
 def tanh_gaussian_log_prob(actor: torch.nn.Module, features: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
-    """log pi(a|s) (B,) of stored actions a in (-1, 1) under a :class:`~jaderl.core.nets.TanhGaussianActor`."""
+    """log pi(a|s) (B,) of stored actions a in (-1, 1) under a :class:`~jaderl.algos.nets.TanhGaussianActor`."""
     mean, log_std = actor.net(features).chunk(2, -1)
     log_std = log_std.clamp(-5.0, 2.0)
     action = action.clamp(-1 + 1e-3, 1 - 1e-3)  # saturated actions would give atanh -> inf

@@ -1,7 +1,7 @@
 """SAC: Soft Actor-Critic with an ensemble of critics and a learned entropy coefficient; ModSAC and REDQ as options.
 
 Haarnoja et al. 2018, https://arxiv.org/abs/1801.01290 and https://arxiv.org/abs/1812.05905 (automatic alpha).
-The critics are one batched module (:class:`~jaderl.core.nets.EnsembleQ`, twin critics by default); each step
+The critics are one batched module (:class:`~jaderl.algos.nets.EnsembleQ`, twin critics by default); each step
 
     1. critic: y = r + gamma (1 - terminated) [min_{i in M} Q_target_i(s', a') - alpha log pi(a'|s')],  a' ~ pi(s')
                M: all critics, or a random subset of ``num_target_critics`` of them per step (REDQ);

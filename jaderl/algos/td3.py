@@ -2,7 +2,7 @@
 
 Fujimoto et al. 2018, https://arxiv.org/abs/1802.09477 (TD3); Lillicrap et al. 2015, https://arxiv.org/abs/1509.02971
 (DDPG). A deterministic tanh actor mu(s) and ``num_critics`` critics as one batched module
-(:class:`~jaderl.core.nets.EnsembleQ`); each gradient step
+(:class:`~jaderl.algos.nets.EnsembleQ`); each gradient step
 
     1. critic: y = r + gamma (1 - terminated) min_i Q_target_i(s', a'),
                a' = clip(mu_target(s') + clip(eps, -noise_clip, noise_clip), -1, 1),  eps ~ N(0, target_noise^2)
