@@ -305,11 +305,7 @@ def _load_checkpoint_agent(agent: Agent, run_dir: Path, meta: dict[str, Any], ha
     try:
         state = load_checkpoint(run_dir, agent.device, part="agent")
         finite_or_raise({"agent": state}, str(tensor_path))
-        for name, stat in agent.running_stats().items():  # a reward normaliser keeps a return per sub-env of the
-            saved = state["running_stats"].get(name)  # run (this agent was built for one): sized as the run's
-            if isinstance(stat, ReturnNorm) and isinstance(saved, dict) and "running" in saved:
-                stat.running = torch.zeros_like(saved["running"], device=stat.running.device)
-        agent.load_state_dict(state)
+        load_saved_agent(agent, state)
     except ConfigError:
         raise
     except (FileNotFoundError, KeyError, TypeError, ValueError, RuntimeError) as exc:
@@ -317,6 +313,16 @@ def _load_checkpoint_agent(agent: Agent, run_dir: Path, meta: dict[str, Any], ha
         reason = (str(cause).splitlines() or [type(cause).__name__])[0]
         raise FileNotFoundError(f"{run_dir} holds no readable checkpoint: {tensor_path} is missing or damaged "
                                 f"({reason}); {fix}") from None
+
+
+def load_saved_agent(agent: Agent, state: dict[str, Any]) -> None:
+    """Load the agent state of a run's checkpoint into ``agent``, built for one sub-env: a reward normaliser keeps a
+    return per sub-env of the run, so it is sized as the run's first."""
+    for name, stat in agent.running_stats().items():
+        saved = state["running_stats"].get(name)
+        if isinstance(stat, ReturnNorm) and isinstance(saved, dict) and "running" in saved:
+            stat.running = torch.zeros_like(saved["running"], device=stat.running.device)
+    agent.load_state_dict(state)
 
 
 def episode_count(episodes: Any) -> int:

@@ -27,7 +27,7 @@ from jaderl.core.config import Config, ConfigError
 from jaderl.core.nets import NatureCNN, ObsNorm
 from jaderl.envs.episodes import EpisodeStats
 from jaderl.envs.observations import observation_batch
-from jaderl.envs.vec import EnvError, EnvSpec, VecEnv
+from jaderl.envs.vec import EnvError, EnvSpec, VecEnv, rescale_actions
 
 
 @dataclasses.dataclass(frozen=True)
@@ -167,14 +167,14 @@ class Agent:
     def predict(self, obs: Any, deterministic: bool = True) -> np.ndarray:
         """Actions in the env's own action space for what the env gives: one observation or a batch, numpy or torch
         (several agents: ``(agents, obs_dim)`` or ``(N, agents, obs_dim)``). Continuous actions are rescaled from
-        [-1, 1] to the env's bounds (``spec.action_low`` / ``action_high``); discrete ones are integers.
+        [-1, 1] to the env's bounds (``spec.action_low`` / ``action_high``, each agent's own) and clipped to them;
+        discrete ones are int64 indices from 0 (add the ``start`` of a Gymnasium ``Discrete`` space that has one).
         Observations of another shape, non-numeric or non-finite raise ValueError
         (:func:`jaderl.envs.observations.observation_batch`)."""
         x, single = observation_batch(obs, self.obs_shape, self.spec.num_agents, self.device)
         action = self.act(x.to(torch.uint8) if self.spec.obs_dtype == "uint8" else x.float(), deterministic)
-        if not self.is_discrete and self.spec.action_low is not None:
-            low, high = (torch.tensor(b, device=self.device) for b in (self.spec.action_low, self.spec.action_high))
-            action = low + (action.clamp(-1.0, 1.0) + 1.0) * 0.5 * (high - low)
+        if (bounds := self.spec.action_bounds(self.device)) is not None:
+            action = rescale_actions(action, *bounds)
         out = action.cpu().numpy().astype(np.int64 if self.is_discrete else np.float32)
         return out[0] if single else out
 

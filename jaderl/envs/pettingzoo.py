@@ -355,7 +355,8 @@ class PettingZooVecEnv(VecEnv):
             low, high = np.stack([agent._low for agent in spaces]), np.stack([agent._high for agent in spaces])
             self._agent_low, self._agent_high = torch.from_numpy(low), torch.from_numpy(high)  # (A, action_dim)
             same = (low == low[0]).all() and (high == high[0]).all()
-            self._low, self._high = (low[0], high[0]) if same else (None, None)  # the spec's bounds: shared ones
+            # the spec's bounds: the shared ones, or every agent's, agent after agent
+            self._low, self._high = (low[0], high[0]) if same else (low.reshape(-1), high.reshape(-1))
             action_space = gym.spaces.Box(low.reshape(-1).astype(dtype), high.reshape(-1).astype(dtype), dtype=dtype)
         return _PackedLayout(agents, obs_layout, state_dim, has_state), action_space
 

@@ -89,7 +89,8 @@ class EnvSpec:
     action_dim: int
     """Number of actions when discrete, size of the action vector when continuous."""
     action_low: tuple[float, ...] | None = None
-    """The env's own bounds of a continuous action (jaderl acts in [-1, 1] and the env rescales); None: [-1, 1]."""
+    """The env's own bounds of a continuous action (jaderl acts in [-1, 1] and the env rescales); None: [-1, 1].
+    Several agents with bounds of their own: every agent's, agent after agent (``num_agents * action_dim`` values)."""
     action_high: tuple[float, ...] | None = None
     max_steps: int = 0
     """Episode length at which a sub-env is truncated (0 when it has none)."""
@@ -105,8 +106,24 @@ class EnvSpec:
     def is_multi_agent(self) -> bool:
         return self.num_agents > 1
 
+    def action_bounds(self, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor] | None:
+        """``action_low`` and ``action_high`` as float32 tensors ``(agents or 1, action_dim)``, which broadcast against
+        actions ``(N, action_dim)`` and ``(N, agents, action_dim)``; None where actions are not rescaled."""
+        if self.is_discrete or self.action_low is None or self.action_high is None:
+            return None
+        low, high = (torch.tensor(b, dtype=torch.float32, device=device).view(-1, self.action_dim)
+                     for b in (self.action_low, self.action_high))
+        return low, high
+
     def replace(self, **changes: Any) -> EnvSpec:
         return dataclasses.replace(self, **changes)
+
+
+def rescale_actions(action: torch.Tensor, low: torch.Tensor, high: torch.Tensor) -> torch.Tensor:
+    """Actions in [-1, 1] (clipped to it) as the env's own, ``low + (a + 1) / 2 * (high - low)`` as the env adapters
+    rescale them, then clipped to ``[low, high]``: float32 rounding must not leave the bounds (a Box's ``contains``,
+    and VMAS, refuse a value a rounding error outside)."""
+    return torch.minimum(torch.maximum(low + (action.clamp(-1.0, 1.0) + 1.0) * 0.5 * (high - low), low), high)
 
 
 class VecEnv:

@@ -119,7 +119,8 @@ class VmasVecEnv(VecEnv):
         self._agent_low = torch.from_numpy(low).to(self.device)
         self._agent_high = torch.from_numpy(high).to(self.device)
         same = (low == low[0]).all() and (high == high[0]).all()
-        self._low, self._high = (low[0], high[0]) if same else (None, None)  # the spec's bounds: shared ones
+        # the spec's bounds: the shared ones, or every agent's, agent after agent
+        self._low, self._high = (low[0], high[0]) if same else (low.reshape(-1), high.reshape(-1))
 
     # -- observations --------------------------------------------------------------------------------------------
 

@@ -24,6 +24,7 @@ from torch import nn
 from jaderl.accel import Tanh
 from jaderl.core.agent import Agent
 from jaderl.core.config import ConfigError
+from jaderl.envs.vec import rescale_actions
 
 FORMATS = {"onnx": "policy.onnx", "torchscript": "policy.pt"}
 """The export formats and the file each is written to in a run directory when no path is given."""
@@ -56,17 +57,16 @@ class DeployedPolicy(nn.Module):
         self.agent = agent  # a plain attribute: the modules act uses are registered below, by their policy() names
         self.policy = nn.ModuleDict(agent.policy())
         self.keep_uint8 = agent.spec.obs_dtype == "uint8"  # images reach the encoder as bytes, as predict does
-        self.rescale = not agent.is_discrete and agent.spec.action_low is not None
-        if self.rescale:
-            low, high = (torch.tensor(b, dtype=torch.float32, device=agent.device)
-                         for b in (agent.spec.action_low, agent.spec.action_high))
-            self.register_buffer("low", low)
-            self.register_buffer("half_range", 0.5 * (high - low))
+        bounds = agent.spec.action_bounds(agent.device)  # (agents or 1, action_dim)
+        self.rescale = bounds is not None
+        if bounds is not None:
+            self.register_buffer("low", bounds[0])
+            self.register_buffer("high", bounds[1])
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         action = self.agent.act(obs if self.keep_uint8 else obs.float(), deterministic=True)
-        if self.rescale:  # [-1, 1] -> [low, high], as predict and the env adapters rescale
-            action = self.low + (action.clamp(-1.0, 1.0) + 1.0) * self.half_range
+        if self.rescale:  # [-1, 1] -> [low, high], as predict rescales
+            action = rescale_actions(action, self.low, self.high)
         return action
 
 

@@ -59,7 +59,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from jaderl.accel import mixed_precision
-from jaderl.api import ALGOS, make_config
+from jaderl.api import ALGOS, load_saved_agent, make_config
 from jaderl.core.agent import Agent
 from jaderl.core.checkpoint import finite_or_raise, flatten, unflatten
 from jaderl.core.config import Config, ConfigError
@@ -206,7 +206,7 @@ class JaderlModule(pl.LightningModule):
             probe.close()
         agent = ALGOS[config.algo].agent_cls(config, spec, device)
         finite_or_raise(checkpoint["jaderl"]["agent"]["networks"], str(checkpoint_path))
-        agent.load_state_dict(checkpoint["jaderl"]["agent"])
+        load_saved_agent(agent, checkpoint["jaderl"]["agent"])  # (a reward normaliser's returns: the run's sub-envs)
         mixed_precision(agent)  # the networks compute as they did in training (config.precision)
         module._loaded_agent = agent
         return module

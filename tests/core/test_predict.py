@@ -94,3 +94,47 @@ def test_predict_refuses_what_the_agent_cannot_act_on_in_one_sentence(obs: objec
         agent.predict(obs)
     assert "\n" not in str(info.value)
     assert agent.predict(torch.zeros(3, dtype=torch.bfloat16)).shape == (1,)  # what numpy cannot hold still goes
+
+
+ACTION_DIM = 2
+
+
+def _saturated(obs: torch.Tensor, deterministic: bool = True) -> torch.Tensor:
+    """A policy whose actions are the ends of [-1, 1]: the sign of the observations' first values (as many as the
+    action has)."""
+    return (obs[..., :ACTION_DIM] * 1e3).clamp(-1.0, 1.0)
+
+
+def test_predict_keeps_rescaled_actions_inside_the_bounds() -> None:
+    """An action at an end of [-1, 1] becomes the bound itself, never a float32 rounding beyond it (which a Box's
+    ``contains`` refuses, and VMAS with it)."""
+    from jaderl.api import ALGOS, make_config
+
+    space = gym.spaces.Box(np.array([-1.5, 0.1], np.float32), np.array([0.2, 0.7], np.float32))
+    spec = make_env("jaderl/MountainCarContinuous-v0", 1).spec.replace(
+        obs_shape=(3,), action_dim=2, action_low=tuple(map(float, space.low)),
+        action_high=tuple(map(float, space.high)))
+    agent = ALGOS["sac"].agent_cls(make_config("sac", "jaderl/Pendulum-v1", device="cpu"), spec, torch.device("cpu"))
+    agent.act = _saturated  # type: ignore[method-assign]
+    actions = agent.predict(np.array([[5.0, 5.0, 0.0], [-5.0, -5.0, 0.0]]))
+    np.testing.assert_array_equal(actions, np.stack([space.high, space.low]))
+    assert all(space.contains(a) for a in actions)
+
+
+def test_predict_rescales_every_agent_to_its_own_bounds() -> None:
+    """Agents with bounds of their own (the spec holds every agent's, one after the other) get actions in theirs."""
+    from jaderl.api import ALGOS, make_config
+
+    low, high = np.array([[0.0, 0.0], [-4.0, -4.0], [-1.5, 0.1]]), np.array([[1.0, 1.0], [4.0, 4.0], [0.2, 0.7]])
+    env = make_env("jaderl/simple_spread?continuous=true", 1)
+    spec = env.spec.replace(action_low=tuple(low.ravel()), action_high=tuple(high.ravel()))
+    agent = ALGOS["mappo"].agent_cls(make_config("mappo", "jaderl/simple_spread?continuous=true", device="cpu"), spec,
+                                     torch.device("cpu"))
+    agent.act = _saturated  # type: ignore[method-assign]
+    obs = np.zeros((2, 3, 18), np.float32)
+    obs[0, :, :2], obs[1, :, :2] = 5.0, -5.0
+    actions = agent.predict(obs)
+    assert actions.shape == (2, 3, 2)
+    np.testing.assert_array_equal(actions[0], high.astype(np.float32))
+    np.testing.assert_array_equal(actions[1], low.astype(np.float32))
+    np.testing.assert_allclose(agent.predict(np.zeros((3, 18))), (low + high) / 2, rtol=0, atol=1e-6)  # one

@@ -304,3 +304,45 @@ def test_a_closed_env_says_so(workers: int) -> None:
     assert env.worker_pids == []
     with pytest.raises(EnvError, match="closed"):
         env.step(torch.zeros(2, 2, dtype=torch.long))
+
+
+class EchoEnv(ParallelEnv):
+    """Two agents with bounds of their own (``Box(0, 1)`` and ``Box(-4, 4)``, two values each) that observe the
+    action the env was given."""
+
+    metadata: ClassVar[dict[str, Any]] = {"name": "echo_v0"}
+    BOUNDS: ClassVar[list[tuple[float, float]]] = [(0.0, 1.0), (-4.0, 4.0)]
+
+    def __init__(self) -> None:
+        self.possible_agents, self.agents = ["a_0", "a_1"], []
+
+    def observation_space(self, agent: str) -> gym.spaces.Box:
+        return gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
+
+    def action_space(self, agent: str) -> gym.spaces.Box:
+        return gym.spaces.Box(*self.BOUNDS[self.possible_agents.index(agent)], (2,), np.float32)
+
+    def reset(self, seed: int | None = None, options: dict | None = None) -> tuple[dict, dict]:
+        self.agents = list(self.possible_agents)
+        return {a: np.zeros(2, np.float32) for a in self.agents}, {a: {} for a in self.agents}
+
+    def step(self, actions: dict[str, Any]) -> tuple[dict, dict, dict, dict, dict]:
+        obs = {a: np.asarray(actions[a], np.float32) for a in self.agents}
+        return obs, {a: 0.0 for a in self.agents}, {a: False for a in self.agents}, \
+            {a: False for a in self.agents}, {a: {} for a in self.agents}
+
+
+def test_agents_with_bounds_of_their_own_get_them_from_predict() -> None:
+    """The spec holds every agent's bounds when they differ, so ``predict`` gives what the env is given."""
+    from jaderl.api import ALGOS, make_config
+
+    env = make_pettingzoo_env(EchoEnv(), 1, seed=0)
+    try:
+        assert env.spec.action_low == (0.0, 0.0, -4.0, -4.0) and env.spec.action_high == (1.0, 1.0, 4.0, 4.0)
+        agent = ALGOS["mappo"].agent_cls(make_config("mappo", "jaderl/simple_spread?continuous=true", device="cpu"),
+                                         env.spec, torch.device("cpu"))
+        obs = env.reset(seed=0) + 1.0
+        given, *_ = env.step(agent.act(obs, deterministic=True))
+        np.testing.assert_allclose(agent.predict(obs[0].numpy()), given[0, :, :2].numpy(), rtol=0, atol=1e-6)
+    finally:
+        env.close()

@@ -194,3 +194,20 @@ def test_cli_export_refuses_a_file_named_for_the_other_format(tmp_path: Path,
         err = capsys.readouterr().err
         assert exit_info.value.code == 2 and said in err and len(err.strip().splitlines()) == 1, err
         assert not (tmp_path / out).exists()  # refused before anything is written
+
+
+def test_the_file_rescales_every_agent_to_its_own_bounds_and_stays_inside_them(tmp_path: Path) -> None:
+    """Agents with bounds of their own get them, and an action at an end of [-1, 1] is the bound itself (no float32
+    rounding beyond it), in the file as in predict."""
+    low, high = np.array([[0.0, 0.0], [-4.0, -4.0], [-1.5, 0.1]]), np.array([[1.0, 1.0], [4.0, 4.0], [0.2, 0.7]])
+    env_id = ENVS["multi-agent continuous"]
+    spec = make_env(env_id, 1).spec.replace(action_low=tuple(low.ravel()), action_high=tuple(high.ravel()))
+    agent = ALGOS["mappo"].agent_cls(make_config("mappo", env_id, device="cpu", hidden=[16]), spec,
+                                     torch.device("cpu"))
+    agent.act = lambda obs, deterministic=False: (obs[..., :2] * 1e3).clamp(-1.0, 1.0)  # type: ignore[method-assign]
+    obs = np.zeros((3, 3, 18), np.float32)
+    obs[0, :, :2], obs[1, :, :2] = 5.0, -5.0  # the ends of [-1, 1]; then the middle
+    expected = agent.predict(obs)
+    np.testing.assert_array_equal(expected[:2], np.stack([high, low]).astype(np.float32))
+    assert_same_actions(run_onnx(export_policy(agent, "onnx", tmp_path / "p.onnx"), obs), expected, False)
+    assert_same_actions(run_torchscript(export_policy(agent, "torchscript", tmp_path / "p.pt"), obs), expected, False)

@@ -255,6 +255,20 @@ def test_a_bolts_checkpoint_loads_through_jaderl_module_and_other_algorithms_are
         BOLTS_NAMES["AdvantageActorCritic"].load_from_checkpoint(path)
 
 
+def test_load_from_checkpoint_reads_a_reward_normaliser_of_several_sub_envs(tmp_path: Path) -> None:
+    """The loaded agent acts in one env, but the run's reward normaliser kept a return for each of its 4 sub-envs."""
+    model = JaderlModule("ppo", "jaderl/CartPole-v1", num_envs=4, horizon=16, minibatch_size=32, num_epochs=1,
+                         hidden=[16], eval_every=64, eval_episodes=1, total_steps=64, normalize_reward=True,
+                         device="cpu", zoo=False)
+    trainer = lightning_trainer(tmp_path)
+    trainer.fit(model)
+    (saved,) = (Path(trainer.logger.log_dir) / "checkpoints").iterdir()
+    loaded = JaderlModule.load_from_checkpoint(saved)
+    assert torch.equal(loaded.agent.reward_norm.var, model.agent.reward_norm.var)
+    obs = torch.zeros(4)
+    assert loaded.agent.predict(obs) == model.agent.predict(obs)
+
+
 @pytest.mark.parametrize("name", list(BOLTS_NAMES))
 def test_every_bolts_name_builds_and_trains(name: str, tmp_path: Path) -> None:
     env = "Pendulum-v1" if name == "SAC" else "CartPole-v1"
