@@ -341,11 +341,13 @@ class Trainer:
         self.config = self.agent.config = self.config.replace(**mutable)
         self.agent.apply_hyperparameters()
         self.history = list(state["history"])
-        counters = state["counters"]
-        self.time_s, self.next_eval, self.next_checkpoint = (counters["time_s"], counters["next_eval"],
-                                                             counters["next_checkpoint"])
-        every = self.config.record_every
-        self.next_record = (self.agent.steps // every + 1) * every if every else 0
+        counters, steps, cfg = state["counters"], self.agent.steps, self.config
+        # a point already due stays due; the next one follows this config's cadence (a resume may change it)
+        self.next_eval, self.next_checkpoint, self.next_record = (
+            due if due <= steps else (steps // every + 1) * every if every else 0 for due, every in
+            ((counters["next_eval"], cfg.eval_every), (counters["next_checkpoint"], cfg.checkpoint_every),
+             (math.inf, cfg.record_every)))
+        self.time_s = counters["time_s"]
         continued = (state["env"] is not None and state["last_obs"] is not None  # (none before the first step)
                      and self.env is not None and self.env.state_dict() is not None)
         self.buffer.load_state_dict(*state["buffer"], cut_episodes=not continued)

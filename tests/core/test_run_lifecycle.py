@@ -94,6 +94,15 @@ def test_resume_may_change_budgets_cadence_and_unchanged_settings(run_dir: Path,
     assert result.steps == 640
 
 
+@pytest.mark.parametrize(("every", "due"), [(64, 576), (1024, 1024)])
+def test_a_resume_that_changes_the_cadence_evaluates_and_checkpoints_at_the_new_one(run_dir: Path, every: int,
+                                                                                     due: int) -> None:
+    config = jaderl.load(run_dir, best=False).config.replace(run_dir=str(run_dir), total_steps=2048,
+                                                             eval_every=every, checkpoint_every=every)
+    with Trainer(config, ALGOS[config.algo].agent_cls, resume=True) as trainer:
+        assert (trainer.agent.steps, trainer.next_eval, trainer.next_checkpoint) == (512, due, due)
+
+
 # --- checkpoints ---
 
 def test_a_diverged_agent_never_replaces_the_last_checkpoint(run_dir: Path) -> None:
