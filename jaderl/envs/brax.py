@@ -128,9 +128,9 @@ class JaxVecEnv(VecEnv):
             self.reset()
         if action.numel() != self.num_envs * self.action_dim:
             raise EnvError(f"expected actions of shape {(self.num_envs, self.action_dim)}, got {tuple(action.shape)}")
-        action = action.reshape(self.num_envs, self.action_dim).float().clamp(-1.0, 1.0).contiguous()
-        if action.device.type == "cpu" and not bool(torch.isfinite(action).all()):
+        if action.device.type == "cpu" and not bool(torch.isfinite(action).all()):  # before clamping turns inf into 1
             raise EnvError(NONFINITE_ACTIONS)
+        action = action.reshape(self.num_envs, self.action_dim).float().clamp(-1.0, 1.0).contiguous()
         self._state, final_obs, reward, terminated, truncated, self._key = self._step(
             self._state, self.jax.dlpack.from_dlpack(action), self._key)
         obs, reward = self._torch(self._observe(self._state)), self._torch(reward)

@@ -54,7 +54,7 @@ from urllib.parse import quote, unquote
 import numpy as np
 import torch
 
-from jaderl.envs.vec import EnvError, VecEnv
+from jaderl.envs.vec import NONFINITE_ACTIONS, EnvError, VecEnv
 
 __all__ = [
     "BUNDLED_SPLIT",
@@ -407,7 +407,8 @@ class StockTradingEnv(VecEnv):
 
     Action: ``(num_envs, n)`` floats in ``[-1, 1]`` (shares to trade, in units of ``hmax``). Observation:
     ``(num_envs, 1 + 4 n)``. Reward: portfolio value change over the episode's initial value. See
-    :mod:`jaderl.envs.stock`.
+    :mod:`jaderl.envs.stock`. On the CPU, NaN or infinite actions raise :class:`~jaderl.envs.vec.EnvError` before
+    anything trades (on a GPU they are not checked: that would wait for the device every step).
     """
 
     is_discrete = False
@@ -599,6 +600,8 @@ class StockTradingEnv(VecEnv):
             raise EnvError(f"expected actions of shape {(self.num_envs, self.n_stocks)} (one per replica and stock), "
                            f"got a tensor of shape {tuple(action.shape)}")
         act = action.reshape(self.num_envs, self.n_stocks).to(device=self.device, dtype=torch.float64)
+        if self.device.type == "cpu" and not bool(torch.isfinite(act).all()):  # (no host sync on the CPU)
+            raise EnvError(NONFINITE_ACTIONS)
         order = torch.trunc(act.clamp(-1.0, 1.0) * self.hmax)  # signed whole shares
         price = self.prices[self.day]
         value_before = self.cash + (self.holdings * price).sum(1)

@@ -10,7 +10,7 @@ already computes there, which is the point: a GPU simulator and the learner shar
 What the adapter reads:
 
 * **Observations**: a tensor ``(N, *obs_shape)``, or a dict of tensors from which ``obs_key`` is taken (Isaac Lab's
-  ``{"policy": ...}``, the default key).
+  ``{"policy": ...}``, the default key); uint8 where the observation space is uint8 (images), float32 otherwise.
 * **Actions**: a ``Discrete`` space (jaderl's action ``i`` is the space's ``start + i``) or a bounded 1-D ``Box``
   (jaderl's ``[-1, 1]`` rescaled to its bounds).
 * **Episode ends**: the env must reset finished sub-envs inside ``step`` (all three do). What each sub-env reached
@@ -36,6 +36,7 @@ import contextlib
 from typing import Any
 
 import gymnasium as gym
+import numpy as np
 import torch
 
 from jaderl.envs.vec import NONFINITE_ACTIONS, EnvError, VecEnv, discrete_action_error
@@ -66,6 +67,8 @@ class TorchVectorEnv(VecEnv):
                            "wrap each sub-env in gymnasium.wrappers.FlattenObservation before vectorising (a Discrete "
                            "becomes a one-hot Box), or have the simulator give a Box")
         self.obs_shape = tuple(obs_space.shape)
+        # uint8 images stay uint8 (the spec says so: predict and exported policies scale them as the CNN did)
+        self._obs_dtype = torch.uint8 if obs_space.dtype == np.uint8 else torch.float32
         act_space = env.single_action_space
         if isinstance(act_space, gym.spaces.Discrete):
             self.is_discrete, self.action_dim, self._start = True, int(act_space.n), int(act_space.start)
@@ -88,7 +91,7 @@ class TorchVectorEnv(VecEnv):
         if isinstance(obs, dict):
             obs = obs[self.obs_key]
         obs = torch.as_tensor(obs, device=self.device)
-        obs = obs if obs.dtype in (torch.uint8, torch.float32) else obs.float()
+        obs = obs if obs.dtype == self._obs_dtype else obs.to(self._obs_dtype)
         if self.device.type == "cpu" and obs.dtype != torch.uint8 and not bool(torch.isfinite(obs).all()):
             raise EnvError("the env returned a non-finite observation; fix the env or wrap it to clip or reset")
         return obs.reshape(self.num_envs, *self.obs_shape)

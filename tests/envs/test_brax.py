@@ -51,6 +51,14 @@ def test_a_seed_gives_the_same_episodes() -> None:
     assert torch.equal(rollout(3), rollout(3))
 
 
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_non_finite_actions_are_refused(bad: float) -> None:
+    env = make_env("brax/fast", 2, "cpu", seed=0)
+    env.reset(seed=0)
+    with pytest.raises(EnvError, match="NaN or infinite"):
+        env.step(torch.tensor([[bad], [0.0]]))
+
+
 def test_ppo_trains_and_the_agent_predicts(tmp_path: Path) -> None:
     result = jaderl.train("ppo", "brax/fast?episode_length=20", total_steps=512, num_envs=4, horizon=64,
                           minibatch_size=128, eval_every=256, eval_episodes=2, run_dir=str(tmp_path / "run"),

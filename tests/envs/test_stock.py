@@ -174,6 +174,20 @@ def test_seeding_and_bad_actions(tmp_path: Path) -> None:
     assert not torch.equal(c.day, b.day)
 
 
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_non_finite_actions_are_refused_and_trade_nothing(tmp_path: Path, bad: float) -> None:
+    env = StockTradingEnv(2, env_id=STOCK_ID + f"?csv={_synthetic_csv(tmp_path)}", seed=0)
+    env.reset()
+    cash, holdings = env.cash.clone(), env.holdings.clone()
+    action = torch.zeros(2, 3)
+    action[0, 1] = bad
+    with pytest.raises(EnvError, match="NaN or infinite"):
+        env.step(action)
+    assert torch.equal(env.cash, cash) and torch.equal(env.holdings, holdings)  # no replica's books were touched
+    obs, reward, *_ = env.step(torch.zeros(2, 3))
+    assert torch.isfinite(obs).all() and torch.isfinite(reward).all()
+
+
 # ------------------------------------------------------------------------------------------- CSV and options
 def test_long_and_wide_csv_layouts(tmp_path: Path) -> None:
     long = tmp_path / "long.csv"

@@ -261,6 +261,40 @@ def test_unsupported_spaces_and_bad_actions_are_one_sentence() -> None:
     env.close()
 
 
+class TinyImages(gym.Env):
+    """uint8 image observations (1, 8, 8) whose pixels count the steps; episodes of 3 steps."""
+
+    observation_space = gym.spaces.Box(0, 255, (1, 8, 8), np.uint8)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, dict]:
+        super().reset(seed=seed)
+        self.t = 0
+        return np.full((1, 8, 8), 200, np.uint8), {}
+
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict]:
+        self.t += 1
+        return np.full((1, 8, 8), 200 + self.t, np.uint8), 1.0, self.t == 3, False, {}
+
+
+def test_uint8_images_are_described_as_uint8_like_the_numpy_adapter() -> None:
+    """The spec says what the observations are: predict and exported policies scale uint8 images by 1/255, as the
+    CNN did in training, only when the spec's obs_dtype is uint8."""
+    vec = gym.vector.SyncVectorEnv([TinyImages] * 2, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    ours = TorchVectorEnv(NumpyToTorch(DenseFinalObs(vec)))
+    reference = GymnasiumVecEnv(gym.vector.SyncVectorEnv([TinyImages] * 2,
+                                                         autoreset_mode=gym.vector.AutoresetMode.SAME_STEP))
+    assert ours.spec.obs_dtype == "uint8" and ours.spec == reference.spec
+    obs = ours.reset(seed=0)
+    assert obs.dtype == torch.uint8 and torch.equal(obs, reference.reset(seed=0))
+    for _ in range(3):
+        got, want = ours.step(torch.zeros(2, dtype=torch.long)), reference.step(torch.zeros(2, dtype=torch.long))
+        assert got[0].dtype == got[4]["final_obs"].dtype == torch.uint8
+        assert torch.equal(got[0], want[0]) and torch.equal(got[4]["final_obs"], want[4]["final_obs"])
+    ours.close()
+    reference.close()
+
+
 def test_a_registered_simulator_trains_resumes_and_evaluates(tmp_path: Path) -> None:
     name = "test/torch-cartpole"
     register_env(name, lambda num_envs, device, seed: TorchVectorEnv(torch_env("CartPole-v1", num_envs), device))
