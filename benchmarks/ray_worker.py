@@ -172,8 +172,7 @@ def main() -> None:
     lines = [
         SECTION,
         "",
-        "Command: `python benchmarks/ray_worker.py" + (f" --repeats {args.repeats}" if args.repeats != 3 else "")
-        + " --write`  ",
+        f"Command: `{' '.join(['python', 'benchmarks/ray_worker.py', *sys.argv[1:]])}`  ",
         f"Date: {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC  ",
         f"Machine: {platform.machine()}, {os.cpu_count()} cores (load average 1/5/15 min before: "
         f"{load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f}); Python {platform.python_version()}, torch "

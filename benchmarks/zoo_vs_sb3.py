@@ -91,9 +91,12 @@ def _train(library: str, env_id: str, seed: int, budget: int, time_cap: float, e
     from stable_baselines3.common.evaluation import evaluate_policy
     from stable_baselines3.common.vec_env import VecNormalize
 
-    class Cap(BaseCallback):
+    class Cap(BaseCallback):  # training time from model.learn, as jaderl's time_limit counts its training loop's
+        def _on_training_start(self) -> None:
+            self.began = time.perf_counter()
+
         def _on_step(self) -> bool:
-            return time.perf_counter() - start < time_cap
+            return time.perf_counter() - self.began < time_cap
 
     settings = dict(TASKS[env_id]["sb3"])
     n_envs, normalize = settings.pop("n_envs"), settings.pop("normalize", False)
