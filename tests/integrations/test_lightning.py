@@ -226,8 +226,12 @@ def test_record_every_records_under_fit(tmp_path: Path) -> None:
 def test_a_fit_that_raises_closes_the_envs_and_their_workers(tmp_path: Path) -> None:
     from tests.conftest import _is_infrastructure, _process_tree
 
+    started: dict[int, str] = {}
+
     class Boom(L.Callback):
         def on_train_batch_end(self, *args: Any) -> None:
+            started.update({pid: cmd for pid, (_, cmd, ppid) in _process_tree().items()
+                            if pid not in before and not _is_infrastructure(cmd, ppid)})
             raise RuntimeError("boom")
 
     before = set(_process_tree())
@@ -238,6 +242,7 @@ def test_a_fit_that_raises_closes_the_envs_and_their_workers(tmp_path: Path) -> 
     while (left := {pid: cmd for pid, (_, cmd, ppid) in _process_tree().items()
                     if pid not in before and not _is_infrastructure(cmd, ppid)}) and time.monotonic() < deadline:
         time.sleep(0.05)
+    assert started, "no env worker process was running when fit raised: nothing to close"
     assert not left, f"env processes left after fit raised: {left}"
     assert model.jaderl_trainer is not None
 

@@ -465,17 +465,20 @@ def test_population_csv_records_every_member_and_generation(population: tuple[Pa
     assert [line.split(" |")[0] for line in lines] == ["generation 1/3", "generation 2/3", "generation 3/3"]
     # each generation but the last ends with the exploit step: the worst of 3 members (quantile 0.34) copies the best
     assert [re.search(r"\| (\d) copied in [\d.]+ s \|", line) is not None for line in lines] == [True, True, False]
+    distinct = 0  # generations whose scores were not all tied: the copy check below ran for them
     for g in (1, 2):  # the worst member of g - 1 started generation g from a copy of the best one, with lr x0.8/1.2
         before = [r for r in rows if int(r["generation"]) == g - 1]
         scores = [float(r["score"]) for r in before]
         worst, best = scores.index(min(scores)), scores.index(max(scores))
         now = {int(r["member"]): r for r in rows if int(r["generation"]) == g}
         if min(scores) < max(scores):
+            distinct += 1
             assert int(now[worst]["parent"]) == best
             lr = json.loads(now[worst]["hyperparameters"])["lr"]
             parent_lr = json.loads(before[best]["hyperparameters"])["lr"]
             assert min(abs(lr / parent_lr - f) for f in (0.8, 1.2)) < 1e-3
         assert sum(int(r["parent"]) != m for m, r in now.items()) <= 1
+    assert distinct > 0, "every generation's scores tied: the exploit step went unchecked"
     assert (pop_dir / "population.png").stat().st_size > 0
     state = json.loads((pop_dir / "population.json").read_text())
     assert state["generation"] == 3
@@ -657,6 +660,7 @@ def test_a_member_killed_mid_period_is_restarted_from_its_checkpoint(local_ray: 
     assert [(int(r["generation"]), int(r["member"])) for r in rows] == [(g, m) for g in range(3) for m in range(2)]
     assert all(math.isfinite(float(r["score"])) for r in rows)
     assert len({r["node"] for r in rows}) >= 1
+    assert all(r["node"] for r in rows), "a row does not say which node trained it"
     assert time.monotonic() - killed_at < 120
     deadline = time.monotonic() + 10  # killed actors' processes exit moments later
     while _member_pids() and time.monotonic() < deadline:
