@@ -26,8 +26,12 @@ adapter decides:
 * **Compiling.** The first ``reset`` and ``step`` compile: tens of seconds for ``brax/ant`` on a CPU (Brax's ``fast``
   test env, about a second), 4-18 s for Playground's ``CartpoleBalance``. These are GPU simulators: on a CPU they
   step slowly (Playground's ``CheetahRun``, 16 sub-envs: about 60 ms a step with MuJoCo Warp, 200 ms with MJX).
-* **Seeds.** ``reset(seed)`` starts the JAX random key from ``seed``; without a seed it continues the env's key.
+* **Seeds.** ``reset(seed)`` starts the JAX random key from ``seed``; without a seed it continues the env's key. An
+  env made without a seed starts from a random key.
   The env cannot be copied into a checkpoint (a resumed run restarts its episodes from a reset).
+* **NaN.** Observations and rewards are checked for NaN and infinities: on the CPU at every step, on a GPU every 64
+  steps and before a checkpoint (:class:`~jaderl.envs.vec.FiniteWatch`), so diverged physics stops the run and does
+  not reach a checkpoint.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ from typing import Any
 
 import torch
 
-from jaderl.envs.vec import NONFINITE_ACTIONS, EnvError, VecEnv
+from jaderl.envs.vec import NONFINITE_ACTIONS, EnvError, FiniteWatch, VecEnv
 
 __all__ = ["BraxVecEnv", "JaxVecEnv", "PlaygroundVecEnv", "make_brax_env", "make_playground_env"]
 
@@ -101,8 +105,11 @@ class JaxVecEnv(VecEnv):
             return following, observe(nxt), nxt.reward, done & ~truncated, truncated, key
 
         self._reset, self._step = jax.jit(reset), jax.jit(step)
-        self._key = jax.random.PRNGKey(0 if seed is None else seed)
+        # unseeded: a random key, as the torch-native envs draw a random seed
+        self._key = jax.random.PRNGKey(torch.Generator().seed() % 2**31 if seed is None else seed)
         self._state: Any = None
+        self._watch = FiniteWatch(f"the {label} env returned a non-finite observation or reward; its physics diverged "
+                                  f"(try {self.physics_hint}, or smaller actions)")
 
     def _torch(self, array: Any) -> torch.Tensor:
         """A JAX array as a tensor on ``device``: the same memory where the devices agree."""
@@ -110,9 +117,13 @@ class JaxVecEnv(VecEnv):
         return tensor if tensor.device == self.device else tensor.to(self.device)
 
     def _check(self, obs: torch.Tensor, reward: torch.Tensor) -> None:
-        if self.device.type == "cpu" and not (bool(torch.isfinite(obs).all()) and bool(torch.isfinite(reward).all())):
-            raise EnvError(f"the {self.label} env returned a non-finite observation or reward; its physics diverged "
-                           f"(try {self.physics_hint}, or smaller actions)")
+        self._watch(obs)
+        self._watch(reward)
+
+    def state_dict(self) -> None:
+        """None (the env cannot be copied), after the checks a checkpoint waits for (see the module docstring)."""
+        self._watch.flush()
+        return None
 
     def reset(self, seed: int | None = None) -> torch.Tensor:
         if seed is not None:

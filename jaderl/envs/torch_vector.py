@@ -26,8 +26,9 @@ What the adapter reads:
 :func:`make_maniskill_env` builds ManiSkill3's tasks this way for the ids ``maniskill/<Task>``
 (``jaderl.envs.make_env``).
 
-Observations and rewards are checked for NaN only on the CPU (a check on a GPU would wait for the device every
-step); on a GPU the agent's loss check catches a diverged run.
+Observations and rewards are checked for NaN and infinities: on the CPU at every step, on a GPU every 64 steps and
+before a checkpoint (:class:`~jaderl.envs.vec.FiniteWatch`: a check at every step would wait for the device), so bad
+data stops the run and does not reach a checkpoint.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from jaderl.envs.vec import NONFINITE_ACTIONS, EnvError, VecEnv, discrete_action_error
+from jaderl.envs.vec import NONFINITE_ACTIONS, EnvError, FiniteWatch, VecEnv, discrete_action_error
 
 
 class TorchVectorEnv(VecEnv):
@@ -86,14 +87,17 @@ class TorchVectorEnv(VecEnv):
         else:
             raise EnvError(f"action space {act_space} is not supported: use Discrete or a 1-D Box")
         self.max_steps = _episode_limit(env)
+        fix = "fix the env or wrap it to clip or reset"
+        self._obs_watch = FiniteWatch(f"the env returned a non-finite observation; {fix}")
+        self._reward_watch = FiniteWatch(f"the env returned a non-finite reward; {fix}")
 
     def _obs(self, obs: Any) -> torch.Tensor:
         if isinstance(obs, dict):
             obs = obs[self.obs_key]
         obs = torch.as_tensor(obs, device=self.device)
         obs = obs if obs.dtype == self._obs_dtype else obs.to(self._obs_dtype)
-        if self.device.type == "cpu" and obs.dtype != torch.uint8 and not bool(torch.isfinite(obs).all()):
-            raise EnvError("the env returned a non-finite observation; fix the env or wrap it to clip or reset")
+        if obs.dtype != torch.uint8:
+            self._obs_watch(obs)
         return obs.reshape(self.num_envs, *self.obs_shape)
 
     def _actions(self, action: torch.Tensor) -> torch.Tensor:
@@ -120,8 +124,7 @@ class TorchVectorEnv(VecEnv):
         obs, reward, terminated, truncated, info = self.env.step(self._actions(action))
         obs = self._obs(obs)
         reward = torch.as_tensor(reward, device=self.device).reshape(self.num_envs).float()
-        if self.device.type == "cpu" and not bool(torch.isfinite(reward).all()):
-            raise EnvError("the env returned a non-finite reward; fix the env or wrap it to clip or reset")
+        self._reward_watch(reward)
         terminated = torch.as_tensor(terminated, device=self.device).reshape(self.num_envs).bool()
         truncated = torch.as_tensor(truncated, device=self.device).reshape(self.num_envs).bool()
         final = info.get("final_obs", info.get("final_observation")) if isinstance(info, dict) else None
@@ -131,6 +134,12 @@ class TorchVectorEnv(VecEnv):
             done = (terminated | truncated).view(-1, *([1] * len(self.obs_shape)))
             final_obs = torch.where(done, self._obs(final), obs)
         return obs, reward, terminated, truncated, {"final_obs": final_obs}
+
+    def state_dict(self) -> None:
+        """None (the env cannot be copied), after the checks a checkpoint waits for (see the module docstring)."""
+        self._obs_watch.flush()
+        self._reward_watch.flush()
+        return None
 
     def close(self) -> None:
         self.env.close()

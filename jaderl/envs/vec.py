@@ -73,6 +73,40 @@ def discrete_action_error(env_name: str, num_actions: int, low: float, high: flo
                     f"give the agent {num_actions} actions (the env's action_dim)")
 
 
+class FiniteWatch:
+    """Refuses NaN or infinite data from an env (an :class:`EnvError` with ``message``) without waiting for the device
+    on every step.
+
+    On the CPU, where a check costs no host-device synchronisation, every call checks at once. On an accelerator
+    (``deferred``, by default when the data is not on the CPU) the calls' verdicts accumulate on the device and are
+    read every ``every`` calls and at :meth:`flush`, which an env calls before a checkpoint saves its data: bad data
+    stops the run within ``every`` steps and does not reach a checkpoint."""
+
+    def __init__(self, message: str, every: int = 64, deferred: bool | None = None) -> None:
+        self.message, self.every, self.deferred = message, every, deferred
+        self._ok: torch.Tensor | None = None
+        self._calls = 0
+
+    def __call__(self, tensor: torch.Tensor) -> None:
+        """Check ``tensor`` (now on the CPU, else within ``every`` calls)."""
+        ok = torch.isfinite(tensor).all()
+        if not (tensor.device.type != "cpu" if self.deferred is None else self.deferred):
+            if not bool(ok):
+                raise EnvError(self.message)
+            return
+        self._ok = ok if self._ok is None else self._ok & ok
+        self._calls += 1
+        if self._calls % self.every == 0:
+            self.flush()
+
+    def flush(self) -> None:
+        """Read the verdicts gathered since the last read (one host-device synchronisation) and raise if one failed."""
+        if self._ok is not None:
+            ok, self._ok = bool(self._ok), None
+            if not ok:
+                raise EnvError(self.message)
+
+
 @dataclasses.dataclass(frozen=True)
 class EnvSpec:
     """What an agent needs to know of a batched env, without the env: agents are built from a spec.

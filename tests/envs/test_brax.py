@@ -51,6 +51,13 @@ def test_a_seed_gives_the_same_episodes() -> None:
     assert torch.equal(rollout(3), rollout(3))
 
 
+def test_unseeded_envs_start_from_different_keys() -> None:
+    keys = [make_env("brax/fast", 2, "cpu")._key for _ in range(2)]  # type: ignore[attr-defined]
+    seeded = [make_env("brax/fast", 2, "cpu", seed=5)._key for _ in range(2)]  # type: ignore[attr-defined]
+    assert not bool((keys[0] == keys[1]).all())
+    assert bool((seeded[0] == seeded[1]).all())
+
+
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
 def test_non_finite_actions_are_refused(bad: float) -> None:
     env = make_env("brax/fast", 2, "cpu", seed=0)

@@ -123,6 +123,38 @@ def test_dict_observations_rescaled_actions_and_no_final_observation() -> None:
         TorchVectorEnv(IsaacLike(2), obs_key="state")
 
 
+class NaNRewardAtStep3(IsaacLike):
+    def step(self, action: torch.Tensor) -> tuple[Any, ...]:
+        obs, reward, *rest = super().step(action)
+        return (obs, reward * float("nan") if len(self.actions) == 3 else reward, *rest)
+
+
+def test_deferred_checks_stop_nan_within_their_period_and_before_a_checkpoint() -> None:
+    def env() -> TorchVectorEnv:  # the checks as on a GPU (deferred), here on the CPU
+        env = TorchVectorEnv(NaNRewardAtStep3(2))
+        env._obs_watch.deferred = env._reward_watch.deferred = True
+        env._reward_watch.every = 5
+        env.reset()
+        return env
+
+    ahead = env()
+    for _ in range(4):
+        ahead.step(torch.zeros(2, 1))  # the third step's NaN waits for the fifth step's read
+    with pytest.raises(EnvError, match="non-finite reward"):
+        ahead.step(torch.zeros(2, 1))
+    saving = env()
+    for _ in range(3):
+        saving.step(torch.zeros(2, 1))
+    with pytest.raises(EnvError, match="non-finite reward"):
+        saving.state_dict()  # a checkpoint reads the checks first
+    on_cpu = TorchVectorEnv(NaNRewardAtStep3(2))  # not deferred: at once
+    on_cpu.reset()
+    on_cpu.step(torch.zeros(2, 1))
+    on_cpu.step(torch.zeros(2, 1))
+    with pytest.raises(EnvError, match="non-finite reward"):
+        on_cpu.step(torch.zeros(2, 1))
+
+
 class TimeLimitWrapper(gym.Wrapper):
     """ManiSkill3's time limit: a wrapper that keeps the limit as ``_max_episode_steps``."""
 
