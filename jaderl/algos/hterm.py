@@ -76,12 +76,16 @@ class WithHTerm:
     steps (:meth:`hterm_actor`); after every update that learned, one H-term step runs when it is due
     (``use_hterm``, every ``hterm_every`` iterations) on segments of the update's data: the rollout, or the newest
     ``hterm_window`` rows of the replay buffer. The hook is installed on each algorithm class that inherits this, so
-    the algorithm's ``update`` stays its own maths.
+    the algorithm's ``update`` stays its own maths; a subclass whose ``update`` calls ``super().update(buffer)`` still
+    gets one H-term step per update, after its own.
     """
 
     config: Any
     steps: int
     num_envs: int
+    _hterm_updating: bool = False
+    """Whether a hooked ``update`` of this agent is running (a nested one, reached by ``super().update``, adds no
+    H-term step)."""
 
     def hterm_log_prob(self, features: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
         """log pi(a|s) (B,) of stored actions under the current policy (features from ``features(obs)``)."""
@@ -100,7 +104,15 @@ class WithHTerm:
 
         @functools.wraps(update)
         def update_then_hterm(self: WithHTerm, buffer: Any) -> dict[str, torch.Tensor]:
-            return self.hterm_after(buffer, update(self, buffer))
+            # an override's super().update() reaches the hooked update it overrides: only the outermost call steps
+            if self._hterm_updating:
+                return update(self, buffer)
+            self._hterm_updating = True
+            try:
+                stats = update(self, buffer)
+            finally:
+                self._hterm_updating = False
+            return self.hterm_after(buffer, stats)
 
         update_then_hterm.runs_hterm = True  # type: ignore[attr-defined]
         cls.update = update_then_hterm  # type: ignore[attr-defined]

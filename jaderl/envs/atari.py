@@ -4,9 +4,9 @@ Each sub-env is ``gym.make(env_id, frameskip=1)`` wrapped in Gymnasium's ``Atari
 actions at reset, the action repeated for 4 frames with the last two max-pooled, 84x84 grayscale) and
 ``FrameStackObservation(4)``, so observations are uint8 (4, 84, 84), as in Mnih et al. 2015
 (https://doi.org/10.1038/nature14236). Sticky actions (``repeat_action_probability=0.25``) stay as the v5 ids
-define them (Machado et al. 2018). Rewards are the game's; training on ``ALE/`` ids clips them to their sign by
-default (``clip_rewards``, applied where the agent learns, so logged returns are the game's scores). Install with
-``pip install jaderl[atari]``.
+define them (Machado et al. 2018). Rewards are the game's; training on an Atari id (``ALE/`` or one of ale-py's
+older ids, :func:`is_atari_id`) clips them to their sign by default (``clip_rewards``, applied where the agent
+learns, so logged returns are the game's scores). Install with ``pip install jaderl[atari]``.
 """
 
 from __future__ import annotations

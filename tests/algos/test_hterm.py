@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -108,3 +110,33 @@ def test_hterm_every_counts_iterations_with_data_parallel_learners(learners: int
 def test_hterm_is_offered_only_where_implemented() -> None:
     with pytest.raises(ConfigError, match="use_hterm"):
         make_config("dqn", "jaderl/CartPole-v1", use_hterm=True)
+
+
+@pytest.mark.parametrize("algo", ["ppo", "td3"])
+def test_an_update_override_that_calls_super_takes_one_hterm_step(algo: str) -> None:
+    """A subclass whose ``update`` wraps ``super().update`` (to add statistics, say) gets its H-term step once per
+    update, not once for its own hooked update and again for the one it calls."""
+    torch.manual_seed(4)
+    base = ALGOS[algo].agent_cls
+
+    class Extended(base):  # type: ignore[misc, valid-type]
+        def update(self, buffer: Any) -> dict[str, torch.Tensor]:
+            stats = super().update(buffer)
+            return {**stats, "extra": torch.zeros(())} if stats else stats
+
+    settings: dict[str, Any] = {"hidden": [8], "num_envs": 2, "use_hterm": True, "hterm_trajectories": 2,
+                                "hterm_length": 2, "hterm_every": 1}
+    settings |= ({"horizon": 4, "minibatch_size": 8, "num_epochs": 1} if base.on_policy
+                 else {"warmup_steps": 0, "batch_size": 4, "buffer_size": 64})
+    config = make_config(algo, "jaderl/Pendulum-v1", **settings)
+    env = make_env(config.env, 2, "cpu", seed=0)
+    agent = Extended(config, env, torch.device("cpu"))
+    steps: list[torch.Tensor | None] = []
+    hterm_step = agent.hterm_step
+    agent.hterm_step = lambda *args: steps.append(hterm_step(*args)) or steps[-1]  # type: ignore[method-assign]
+    buffer = agent.make_buffer()
+    for _ in range(2):
+        buffer.add(agent.explore(env, 4))
+        stats = agent.update(buffer)
+    assert len(steps) == 2 and all(loss is not None for loss in steps)
+    assert "loss/hterm" in stats and "extra" in stats
