@@ -329,10 +329,14 @@ class CacheBlocked(nn.Sequential):
 @functools.cache
 def block_bytes() -> int:
     """Bytes of one layer's activations in a :class:`CacheBlocked` block: half the L2 cache of CPU 0 (read from
-    Linux's sysfs; 512 KiB where that is not available). ``JADERL_BLOCK_BYTES`` sets it (0: no blocking)."""
+    Linux's sysfs; 512 KiB where that is not available). ``JADERL_BLOCK_BYTES`` sets it (0: no blocking); a value
+    that is not a whole number >= 0 is ignored with a warning."""
     forced = os.environ.get("JADERL_BLOCK_BYTES", "").strip()
-    if forced:
+    if forced.isdecimal():
         return int(forced) or 2**62
+    if forced:
+        warnings.warn(f"JADERL_BLOCK_BYTES={forced!r} is not a whole number of bytes, so it is ignored; set it to one "
+                      "such as 262144 (0: no blocking) or unset it", RuntimeWarning, stacklevel=2)
     for index in range(8):
         path = f"/sys/devices/system/cpu/cpu0/cache/index{index}/"
         try:

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import json
 import numbers
@@ -187,15 +188,19 @@ def resume(run_dir: str | Path, /, progress: Progress | None = None, **settings:
     hyperparameters (``lr``, ``gamma`` ...: checked against their ranges and recorded in config.yaml)."""
     meta = _checkpoint_meta(run_dir)
     config = _saved_config(run_dir, meta)
-    if "run_dir" in settings and Path(settings["run_dir"]).resolve() != Path(run_dir).resolve():
+    if "run_dir" in settings and _run_dir(settings["run_dir"]).resolve() != Path(run_dir).resolve():
         raise ConfigError(f"run_dir={settings['run_dir']!r} cannot be given when resuming {run_dir}: the run goes "
                           "on in its own directory; drop --run-dir")
     mutable = ALGOS[config.algo].agent_cls.hyperparameters
     allowed = (*RESUME_SETTINGS, *mutable)
+    fields = {field.name for field in dataclasses.fields(config)}  # (an unknown key is refused by replace below)
     for key, value in settings.items():
-        if key in mutable and value != getattr(config, key):  # (a value it already has passes: it trains with it)
+        if key not in fields or key == "run_dir":
+            continue
+        same = _as_field(config, key, value) == getattr(config, key)  # (hidden=(64, 64) is the saved [64, 64])
+        if key in mutable and not same:  # (a value it already has passes: it trains with it)
             mutable[key].check(key, value)
-        if key not in (*allowed, "run_dir") and hasattr(config, key) and value != getattr(config, key):
+        if key not in allowed and not same:
             raise ConfigError(f"{key}={value!r} cannot change when resuming {run_dir}, which was started with "
                               f"{key}={getattr(config, key)!r}; a resume may change only {', '.join(allowed)}; start "
                               "a new run for other settings")
@@ -206,6 +211,15 @@ def resume(run_dir: str | Path, /, progress: Progress | None = None, **settings:
         raise ConfigError(f"{run_dir} already reached its budget ({reached[0]}) at step {meta['steps']:,}; resume "
                           "with a larger --total-steps or --time-limit to train on")
     return _run(config, resume=True, progress=progress)
+
+
+def _as_field(config: Config, key: str, value: Any) -> Any:
+    """``value`` as ``config`` would hold it in field ``key`` (a tuple as a list, 4.0 as 4), or as given where the
+    field refuses it."""
+    try:
+        return getattr(config.replace(**{key: value}), key)
+    except ConfigError:
+        return value
 
 
 def load(run_dir: str | Path, best: bool = True, device: str = "cpu") -> Agent:
@@ -343,6 +357,8 @@ def evaluate(run_dir: str | Path, episodes: int = 10, seed: int = 12_345, device
     (simple_tag's predators and prey), ``teams`` holds each kind's mean summed return. Runs of such games keep no
     best policy: their summed return does not rank policies."""
     episodes = episode_count(episodes)
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
+        raise ConfigError(f"seed={seed!r} is out of range: it must be a whole number >= 0 (the evaluation envs' seed)")
     agent = load(run_dir, best=best, device=device)
     try:
         env = make_env(agent.config.env, episodes, agent.device, seed=seed)

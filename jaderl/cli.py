@@ -13,6 +13,7 @@ import contextlib
 import dataclasses
 import decimal
 import errno
+import inspect
 import json
 import math
 import os
@@ -170,6 +171,33 @@ def _add_population_parsers(sub: Any) -> None:
     fuse.add_argument("--json", action="store_true", help="print the result as one JSON object")
 
 
+_FLAG_NAMES = {"algo": "ALGO", "algos": "ALGO", "env": "ENV", "period_s": "--period-seconds",
+              "resources": "--resources-per-member", "copy_buffer": "--no-copy-buffer"}
+"""The command-line names of the arguments whose flag is not ``--`` and their name with dashes."""
+
+
+def _refuse_own_arguments(args: argparse.Namespace, function: Any, settings: dict[str, Any], source: str) -> None:
+    """Refuse in one sentence a key of ``settings`` (config fields, passed on as keywords to ``function``) that names
+    one of ``function``'s own arguments (``progress``, or ``seed`` and ``members`` of a population): those are the
+    command's to set."""
+    own = [name for name, p in inspect.signature(function).parameters.items()
+           if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    clash = next((key for key in settings if key in own), None)
+    if clash is None:
+        return
+    flag = _FLAG_NAMES.get(clash, f"--{clash.replace('_', '-')}")
+    fix = f"give it as {flag}" if clash in vars(args) or clash == "algos" else "drop it"
+    _fail(f"{clash}={settings[clash]!r} cannot be given with {source}: `jaderl {args.command}` sets {clash} itself; "
+          f"{fix}")
+
+
+def _member_settings(args: argparse.Namespace, function: Any) -> dict[str, Any]:
+    """The config fields of ``--set`` that ``jaderl pbt`` or ``jaderl tournament`` gives every member."""
+    settings = dict(parse_assignment(text) for text in args.overrides)
+    _refuse_own_arguments(args, function, settings, "--set")
+    return settings
+
+
 def _pbt(args: argparse.Namespace) -> Any:
     from jaderl.population import pbt, resume_pbt
 
@@ -192,7 +220,7 @@ def _pbt(args: argparse.Namespace) -> Any:
                           resources=args.resources or None, progress=progress)
     if not (args.algo and args.env):
         _fail("pbt needs ALGO and ENV, e.g. `jaderl pbt ppo jaderl/CartPole-v1`, or --resume POP_DIR")
-    settings = dict(parse_assignment(text) for text in args.overrides)
+    settings = _member_settings(args, pbt)
     def given(value: Any, default: Any) -> Any:
         return default if value is None else value
 
@@ -216,7 +244,7 @@ def _tournament(args: argparse.Namespace) -> Any:
         print(f"{info['finished']}/{info['rounds']} | {info['member']} ({info['origin']}) scored {info['score']:.2f} "
               f"| {info['time_s']:.1f} s", file=sys.stderr, flush=True)
 
-    settings = dict(parse_assignment(text) for text in args.overrides)
+    settings = _member_settings(args, tournament)
     return tournament(args.algo.split(","), args.env, pool=args.pool, period=args.period, rounds=args.rounds,
                       leaderboard_size=args.leaderboard_size, fuse_top=args.fuse_top, strategy_weights=weights,
                       seed=args.seed, run_dir=args.run_dir, space=args.space, resources=args.resources,
@@ -258,7 +286,10 @@ def _config_file(path: str) -> dict[str, Any]:
     """The settings of ``--config path``; a field given twice is refused (YAML keeps the last value without a
     word). A run's own config.yaml (in the run directory it names, or beside a checkpoint) keeps the run's directory
     as ``run_dir``: where that run is, not a setting, so it is left out."""
-    settings = Config.read_yaml(path)  # from here on the file is known to hold a mapping of plain keys
+    settings = Config.read_yaml(path)  # from here on the file is known to hold a mapping
+    if (key := next((k for k in settings if not isinstance(k, str)), None)) is not None:  # (`1: 2`: field names only)
+        _fail(f"cannot read config file {path}: its key {key!r} is not a field name; write each setting as "
+              "field: value, e.g. lr: 0.001")
     lines: dict[str, int] = {}
     for key, _ in yaml.compose(Path(path).read_text(), yaml.SafeLoader).value:
         if key.tag != "tag:yaml.org,2002:merge" and key.value in lines:  # (`<<` merges may be overridden)
@@ -286,6 +317,7 @@ def _train(args: argparse.Namespace) -> TrainResult:
     if args.resume:
         if args.algo or args.env:
             _fail("--resume takes its algorithm and env from the run directory; drop ALGO and ENV")
+        _refuse_own_arguments(args, api.resume, settings, "--config or --set")
         return api.resume(args.resume, progress=ProgressPrinter(), **settings)
     given = {"algo": args.algo, "env": args.env}
     for key in given:  # a run's own config.yaml names both: they may fill in ALGO and ENV, or must agree with them
@@ -298,7 +330,9 @@ def _train(args: argparse.Namespace) -> TrainResult:
                       "command line; drop one of them")
     if not (given["algo"] and given["env"]):
         _fail("train needs ALGO and ENV, e.g. `jaderl train ppo jaderl/CartPole-v1`, or --resume RUN_DIR")
-    entry = api.zoo_for(given["algo"], given["env"], settings) if given["algo"] in api.ALGOS else None
+    _refuse_own_arguments(args, api.train, settings, "--config or --set")
+    named = isinstance(given["algo"], str) and isinstance(given["env"], str)  # (else make_config says what is wrong)
+    entry = api.zoo_for(given["algo"], given["env"], settings) if named and given["algo"] in api.ALGOS else None
     used = "" if entry is None else entry.describe(skip=tuple(settings))
     header = "" if entry is None else (
         f"zoo: tuned settings for {given['algo']} on {entry.envs[0]} ({entry.source}): {used}; settings you give win, "
@@ -351,9 +385,11 @@ def _command(args: argparse.Namespace) -> int:
     try:
         if args.command == "train":
             result = _train(args)
+            best = (f"best evaluation {result.best_eval_return:.2f}" if math.isfinite(result.best_eval_return) else
+                    "no evaluation yet")  # (stopped before the first one: -inf)
             print(json.dumps(_json_ready(dataclasses.asdict(result))) if args.json else
-                  f"{result.stop_reason}: {result.steps:,} steps in {result.time_s:.1f} s, best evaluation "
-                  f"{result.best_eval_return:.2f}; run directory {result.run_dir}")
+                  f"{result.stop_reason}: {result.steps:,} steps in {result.time_s:.1f} s, {best}; run directory "
+                  f"{result.run_dir}")
             if result.stop_reason == "interrupted":  # Ctrl-C or SIGTERM: the final checkpoint is saved, but the run
                 # did not end
                 code = EXIT_INTERRUPTED

@@ -259,3 +259,25 @@ def test_a_resume_may_repeat_a_setting_outside_the_hyperparameter_ranges(tmp_pat
     assert api.resume(run_dir, gamma=0.8, total_steps=256).steps == 256
     with pytest.raises(ConfigError, match=r"gamma=0.5 is out of range"):
         api.resume(run_dir, gamma=0.5, total_steps=512)
+
+
+def test_a_resume_may_repeat_a_setting_in_another_form(tmp_path: Path, tiny_ppo: Settings) -> None:
+    """A setting given again as the run has it, in a form the config accepts (a tuple for a list, 4.0 for 4), is not
+    a change; a field that is not a setting is refused as unknown."""
+    run_dir = tmp_path / "run"
+    api.train("ppo", ENV, run_dir=str(run_dir), **tiny_ppo(total_steps=128, eval_every=128))
+    hidden, num_envs = api.load(run_dir).config.hidden, api.load(run_dir).config.num_envs
+    result = api.resume(run_dir, hidden=tuple(hidden), num_envs=float(num_envs), total_steps=256)
+    assert result.steps == 256
+    before = _snapshot(run_dir)
+    with pytest.raises(ConfigError, match=r"^hidden=\(8,\) cannot change when resuming"):
+        api.resume(run_dir, hidden=(8,), total_steps=512)
+    with pytest.raises(ConfigError, match=r"^unknown field 'validate' for PPOConfig"):
+        api.resume(run_dir, validate=1, total_steps=512)
+    assert _snapshot(run_dir) == before
+
+
+def test_evaluate_refuses_a_seed_that_is_not_a_whole_number(tmp_path: Path) -> None:
+    for seed in ("x", 1.5, -1, True):
+        with pytest.raises(ConfigError, match=rf"^seed={seed!r} is out of range: it must be a whole number >= 0"):
+            api.evaluate(tmp_path, episodes=2, seed=seed)  # type: ignore[arg-type]

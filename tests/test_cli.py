@@ -196,6 +196,56 @@ def test_config_file_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert not (tmp_path / "run").exists()
 
 
+def test_names_and_keys_that_are_not_strings_are_one_line(tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """An algorithm, env or config-file key that YAML reads as a number or a list is refused in one sentence."""
+    (tmp_path / "numberkey.yaml").write_text("1: 2\n")
+    (tmp_path / "listalgo.yaml").write_text(f"algo: [ppo]\nenv: {ENV}\n")
+    (tmp_path / "numberenv.yaml").write_text("algo: ppo\nenv: 12\n")
+    for argv in (["train", "ppo", ENV, "--config", str(tmp_path / "numberkey.yaml")],
+                 ["train", "--config", str(tmp_path / "listalgo.yaml")],
+                 ["train", "--config", str(tmp_path / "numberenv.yaml")],
+                 ["train", "ppo", "--set", "env=5"],
+                 ["train", "--set", "algo=[1]", "--set", f"env={ENV}"]):
+        code, out, err = _run([*argv, "--run-dir", str(tmp_path / "run"), "--device", "cpu"], capsys)
+        _assert_one_line_error(code, err)
+        assert out == "" and not (tmp_path / "run").exists()
+    assert "numberkey.yaml: its key 1 is not a field name" in _run(
+        ["train", "ppo", ENV, "--config", str(tmp_path / "numberkey.yaml")], capsys)[2]
+
+
+def test_resuming_with_a_run_dir_that_is_not_a_path_is_one_line(trained_run: tuple[Path, dict[str, Any]],
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    run_dir, _ = trained_run
+    before = _snapshot(run_dir)
+    for value in ("5", "null"):
+        code, _, err = _run(["train", "--resume", str(run_dir), "--set", f"run_dir={value}"], capsys)
+        _assert_one_line_error(code, err)
+        assert "run_dir must be a run directory's path" in err
+    assert _snapshot(run_dir) == before
+
+
+@pytest.mark.parametrize(("argv", "error"), [
+    (["train", "ppo", ENV, "--set", "progress=1"], "progress=1 cannot be given with --config or --set: `jaderl train` "
+                                                   "sets progress itself; drop it"),
+    (["train", "--resume", "RUN", "--set", "progress=1"], "progress=1 cannot be given with --config or --set"),
+    (["pbt", "ppo", ENV, "--set", "members=3"], "`jaderl pbt` sets members itself; give it as --members"),
+    (["pbt", "ppo", ENV, "--set", "env=jaderl/Pendulum-v1"], "`jaderl pbt` sets env itself; give it as ENV"),
+    (["pbt", "ppo", ENV, "--set", "period_s=5"], "give it as --period-seconds"),
+    (["tournament", "ppo", ENV, "--set", "seed=3"], "`jaderl tournament` sets seed itself; give it as --seed"),
+    (["tournament", "ppo", ENV, "--set", "algos=[a2c]"], "give it as ALGO"),
+])
+def test_a_setting_that_names_an_argument_of_the_command_is_one_line(argv: list[str], error: str, tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """--set (or --config) passes config fields on as keywords: one that names the command's own argument (the
+    progress callback, a population's seed or size) is refused, not a TypeError of a keyword given twice."""
+    argv = [str(tmp_path / "run") if a == "RUN" else a for a in argv]
+    code, out, err = _run([*argv, "--run-dir", str(tmp_path / "out")] if "--resume" not in argv else argv, capsys)
+    _assert_one_line_error(code, err)
+    assert error in err and out == ""
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_config_file_that_gives_a_field_twice_is_refused(tmp_path: Path,
                                                             capsys: pytest.CaptureFixture[str]) -> None:
     config = tmp_path / "twice.yaml"
@@ -639,6 +689,20 @@ def test_the_text_summary_of_an_interrupted_run_exits_130(monkeypatch: pytest.Mo
     assert out == "interrupted: 384 steps in 1.5 s, best evaluation 20.00; run directory runs/x\n"
 
 
+def test_the_text_summary_of_a_run_stopped_before_its_first_evaluation(monkeypatch: pytest.MonkeyPatch,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    from jaderl.core.loop import TrainResult
+
+    def interrupted(*args: Any, **kwargs: Any) -> TrainResult:
+        return TrainResult(solved=False, steps=384, time_s=1.5, best_eval_return=-math.inf,
+                           last_eval_return=math.nan, stop_reason="interrupted", run_dir="runs/x")
+
+    monkeypatch.setattr("jaderl.api.train", interrupted)
+    code, out, err = _run(["train", "ppo", ENV], capsys)
+    assert code == 130 and err == ""
+    assert out == "interrupted: 384 steps in 1.5 s, no evaluation yet; run directory runs/x\n"
+
+
 @pytest.mark.parametrize("argv", [["algos"], ["envs"], ["eval", "RUN", "--episodes", "2", "--json"]])
 def test_a_closed_pipe_on_stdout_exits_quietly_with_141(argv: list[str], trained_run: tuple[Path, dict[str, Any]],
                                                         tmp_path: Path) -> None:
@@ -795,3 +859,15 @@ def test_counts_that_are_not_whole_numbers_are_refused(flag: str, value: str, tm
     _assert_one_line_error(code, err)
     assert out == "" and f"argument {flag}: " in err and value in err and not run_dir.exists()
     assert "is not a whole number; write one such as 100000 or 1e5" in err or "is out of range" in err
+
+
+def test_a_block_size_that_is_not_a_number_is_one_warning(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """JADERL_BLOCK_BYTES=1M (not a number of bytes) is ignored with one warning line, not a traceback in training."""
+    monkeypatch.setenv("JADERL_BLOCK_BYTES", "1M")
+    proc = _subprocess(["train", "ppo", ENV, "--run-dir", str(tmp_path / "run"), "--total-steps", "256", *TINY],
+                       cwd=tmp_path)
+    assert proc.returncode == 0 and "total_steps" in proc.stdout, proc.stderr
+    warned = [line for line in proc.stderr.splitlines() if "JADERL_BLOCK_BYTES" in line]
+    assert warned == ["jaderl: warning: JADERL_BLOCK_BYTES='1M' is not a whole number of bytes, so it is ignored; set "
+                      "it to one such as 262144 (0: no blocking) or unset it"]
+    assert "Traceback" not in proc.stderr
