@@ -37,10 +37,9 @@ import queue as queue_module
 import shutil
 import signal
 import sys
-import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -56,7 +55,7 @@ from jaderl.core.config import Config, ConfigError
 from jaderl.core.loop import TrainingError, TrainResult, prepare_run_dir, resolve_device, train
 from jaderl.core.nets import ObsNorm
 from jaderl.envs.vec import EnvError
-from jaderl.parallel.exits import SIGTERM_EXIT, describe_exit, exit_on_sigterm
+from jaderl.parallel.exits import SIGTERM_EXIT, describe_exit, exit_on_sigterm, sigint_ignored
 from jaderl.parallel.fusion import all_reduce_mean_, state_tensors
 
 SEED_STRIDE = 10_007
@@ -147,10 +146,14 @@ class Learners:
         self._norm_snapshots: list[Snapshot] = []
 
     def attach(self, agent: Agent) -> None:
-        """Copy learner 0's state to this learner and average every later gradient step."""
+        """Copy learner 0's state to this learner and average every later gradient step. The running returns of a
+        reward normaliser (``running``: one per sub-env) stay this learner's own: its sub-envs' episodes go on."""
         self.device = agent.device
+        own = {n.running.data_ptr() for n in _obs_norms(agent) if isinstance(getattr(n, "running", None), torch.Tensor)}
         with torch.no_grad():
             for tensor in state_tensors(agent):
+                if tensor.data_ptr() in own:
+                    continue
                 if tensor.device == agent.device:
                     dist.broadcast(tensor, group=self.group, group_src=0)
                 else:  # e.g. a CPU step count of a CUDA agent's optimizer: NCCL moves CUDA tensors only
@@ -351,19 +354,6 @@ def _prepare_learner_dir(config: Config, rank: int, resume: bool) -> None:
     save_checkpoint(learner_dir, state, int(main_step))
 
 
-@contextlib.contextmanager
-def _sigint_ignored() -> Iterator[None]:
-    """Ignore SIGINT while learners start, so they inherit the ignored disposition from the first instruction."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-
-
 def _stop(processes: list[Any], grace_s: float = 3.0) -> None:
     """End every learner still running: SIGTERM, then SIGKILL after ``grace_s``; reap them all."""
     started = [p for p in processes if p.pid is not None]
@@ -396,7 +386,7 @@ def train_ddp(config: Config, agent_cls: type[Agent], resume: bool = False,
                  for rank in range(config.learners)]
     setup_failed = False
     try:
-        with _sigint_ignored():
+        with sigint_ignored():  # the learners inherit the ignored SIGINT from their first instruction
             for p in processes:
                 p.start()
         return _watch(processes, messages, run_dir, progress)
@@ -455,7 +445,7 @@ def _watch(processes: list[Any], messages: Any, run_dir: Path,
             with contextlib.suppress(OSError):
                 (run_dir / "stop").touch()
     if received["errors"] or any(p.exitcode not in (None, 0) for p in processes):
-        raise _failure(processes, received["errors"])
+        raise _failure(processes, received["errors"], run_dir)
     result = received["result"]
     if result is None:
         raise TrainingError("learner 0 exited without reporting a result")
@@ -464,20 +454,22 @@ def _watch(processes: list[Any], messages: Any, run_dir: Path,
     return TrainResult(**result)
 
 
-def _failure(processes: list[Any], errors: list[tuple[int, str, str, str]]) -> Exception:
+def _failure(processes: list[Any], errors: list[tuple[int, str, str, str]], run_dir: Path | None = None) -> Exception:
     """The error to raise for a failed run: a learner that died without a word is the cause; otherwise the first
-    learner that reported an error (the others usually fail because it left the group)."""
+    learner that reported an error (the others usually fail because it left the group). With ``run_dir``, the
+    error says how to continue from the last checkpoint when there is one."""
+    kept = "the other learners were stopped and the last checkpoint is kept"
+    if run_dir is not None and (run_dir / CHECKPOINT_JSON).exists():
+        kept += f": continue from it with `jaderl train --resume {run_dir}`"
     reported = {rank for rank, *_ in errors}
     for rank, p in enumerate(processes):
         if p.exitcode not in (None, 0) and rank not in reported:
-            return TrainingError(f"learner {rank} {describe_exit(p.exitcode)}; the other learners were stopped and "
-                                 "the last checkpoint is kept")
+            return TrainingError(f"learner {rank} {describe_exit(p.exitcode)}; {kept}")
     rank, name, message, trace = errors[0]
     if name in PASSED_ERRORS:
         exc: Exception = PASSED_ERRORS[name](f"learner {rank}: {message}")
     else:
-        exc = TrainingError(f"learner {rank} failed: {name}: {message}; the other learners were stopped and the "
-                            "last checkpoint is kept")
+        exc = TrainingError(f"learner {rank} failed: {name}: {message}; {kept}")
     exc.add_note(f"traceback of learner {rank}:\n{trace}")
     return exc
 

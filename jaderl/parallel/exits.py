@@ -1,10 +1,12 @@
-"""How the process-parallel modes (pipeline workers, data-parallel learners) end a child and describe its exit."""
+"""How the process-parallel modes (pipeline workers, data-parallel learners) start, end and describe a child."""
 
 from __future__ import annotations
 
 import contextlib
 import signal
 import sys
+import threading
+from collections.abc import Iterator
 
 SIGTERM_EXIT = 128 + signal.SIGTERM
 """The exit code of a child ended by SIGTERM: it raised SystemExit, so its ``finally`` blocks (closing envs, their
@@ -14,6 +16,21 @@ worker processes and shared memory, and files) ran before it exited."""
 def exit_on_sigterm() -> None:
     """In a child: turn SIGTERM into ``SystemExit(SIGTERM_EXIT)`` instead of an immediate death."""
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(SIGTERM_EXIT))
+
+
+@contextlib.contextmanager
+def sigint_ignored() -> Iterator[None]:
+    """Ignore SIGINT in the block (main thread only): processes started in it inherit the ignored disposition from
+    their first instruction (``spawn``, and the ``forkserver`` server, whose children restore the disposition it
+    started with), so a Ctrl-C sent to the whole process group while they start cannot end them."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def describe_exit(code: int) -> str:

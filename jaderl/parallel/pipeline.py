@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import multiprocessing.forkserver
 import os
 import queue
 import signal
@@ -49,7 +50,7 @@ from jaderl.core.agent import Agent
 from jaderl.core.config import Config, ConfigError
 from jaderl.core.loop import PeerError, Trainer, TrainingError, TrainResult
 from jaderl.envs import EnvSpec, make_env
-from jaderl.parallel.exits import describe_exit, exit_on_sigterm
+from jaderl.parallel.exits import describe_exit, exit_on_sigterm, sigint_ignored
 
 POLL_S = 0.5
 """How often a waiting process checks on the others (seconds)."""
@@ -247,6 +248,8 @@ class _Pipeline:
             self.shared.policy[key].copy_(tensor)
         self.shared.steps.value = self.agent.steps  # the explorers start from it
         self.started = True
+        with sigint_ignored():  # a fork server started now ignores SIGINT, and so does every child from its start
+            multiprocessing.forkserver.ensure_running()
         for process in self.processes.values():
             process.start()
         _, self.best_return = self._get(self.results, "evaluator")

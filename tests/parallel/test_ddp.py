@@ -207,6 +207,24 @@ def test_reward_normalisers_merge_and_keep_their_own_returns(in_threads: Callabl
         assert agent.reward_norm.count.item() == pytest.approx(24, abs=1e-3)
 
 
+def test_attach_keeps_each_learners_own_running_returns(in_threads: Callable[..., list[Any]]) -> None:
+    """A resumed learner continues its own sub-envs' episodes: attach gives it learner 0's state, but not learner 0's
+    running discounted returns, which belong to learner 0's sub-envs."""
+    agents = [_ppo(normalize_reward=True), _ppo(seed=1, normalize_reward=True)]
+    own = [torch.tensor([1.0, 2.0]), torch.tensor([-3.0, 4.0])]  # as loaded from each learner's checkpoint
+    for agent, running in zip(agents, own, strict=True):
+        agent.reward_norm.running.copy_(running)
+
+    def learn(rank: int, group: dist.ProcessGroup) -> None:
+        Learners(group).attach(agents[rank])
+
+    in_threads(2, learn)
+    for agent, running in zip(agents, own, strict=True):
+        assert torch.equal(agent.reward_norm.running, running)
+    for a, b in zip(agents[0].actor.parameters(), agents[1].actor.parameters(), strict=True):
+        assert torch.equal(a, b)  # everything else is learner 0's
+
+
 def test_mappo_learners_normalise_value_targets_with_every_learners_statistics(
         in_threads: Callable[..., list[Any]]) -> None:
     """MAPPO updates its value normaliser with a rollout's targets and normalises them with it at once: through
@@ -352,8 +370,10 @@ class TerminatedOnLearner1(FailsOnLearner1):
 def test_a_failing_learner_is_reported_by_name(agent_cls: type[PPO], expected: str, tmp_path: Path,
                                                no_leftover_processes: None) -> None:
     config = make_config("ppo", ENV, total_steps=100_000, run_dir=str(tmp_path / "run"), **TINY_PPO)
-    with pytest.raises(TrainingError, match=expected):
+    with pytest.raises(TrainingError, match=expected) as info:
         train_ddp(config, agent_cls)
+    assert str(info.value).endswith(f"the last checkpoint is kept: continue from it with `jaderl train --resume "
+                                    f"{tmp_path / 'run'}`")  # the fix, in the same sentence
     failed_at = float((tmp_path / "run" / "learner-1" / "failed_at").read_text())
     assert time.time() - failed_at < 10.0
 
@@ -411,3 +431,20 @@ def test_ctrl_c_checkpoints_ends_every_learner_and_resumes(tmp_path: Path, no_le
     assert _assert_learners_identical(run_dir) == result.steps + 512
     metrics = [int(line.split(",")[0]) for line in (run_dir / "metrics.csv").read_text().splitlines()[1:]]
     assert metrics[-2:] == [result.steps + 256, result.steps + 512]
+
+
+def test_a_resumed_run_continues_bit_identically(tmp_path: Path, no_leftover_processes: None) -> None:
+    """Stopped at a checkpoint and resumed, a run of 2 learners ends exactly as one that ran through: every learner
+    keeps its own envs, buffer, random streams and its sub-envs' running returns (``normalize_reward``)."""
+    settings = TINY_PPO | {"normalize_reward": True}
+    train_ddp(make_config("ppo", ENV, total_steps=512, run_dir=str(tmp_path / "through"), **settings), PPO)
+    train_ddp(make_config("ppo", ENV, total_steps=256, run_dir=str(tmp_path / "resumed"), **settings), PPO)
+    train_ddp(make_config("ppo", ENV, total_steps=512, run_dir=str(tmp_path / "resumed"), **settings), PPO,
+              resume=True)
+    for learner in ("", "learner-1"):
+        through, resumed = (load_checkpoint(tmp_path / run / learner) for run in ("through", "resumed"))
+        assert through["agent"]["counters"]["steps"] == resumed["agent"]["counters"]["steps"] == 512
+        for part in ("agent", "buffer", "env", "last_obs", "rng"):
+            a, b = _flat(through[part]), _flat(resumed[part])
+            assert len(a) == len(b) and (a or part == "buffer")  # a rollout buffer is empty between updates
+            assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True)), (learner or "learner-0", part)

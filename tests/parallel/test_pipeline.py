@@ -175,6 +175,44 @@ def test_cli_ctrl_c_checkpoints_and_leaves_no_process(tmp_path: Path) -> None:
     assert not survivors, f"processes of the run's session still alive: {survivors}"
 
 
+def test_ctrl_c_while_the_children_start_stops_the_run_as_usual(tmp_path: Path) -> None:
+    """A Ctrl-C to the process group while the children start (here: while they import the script that started the
+    run, before any jaderl code runs in them) ends none of them: they, and the fork server they come from, ignore
+    SIGINT from their first instruction, and the learner stops as on any other Ctrl-C, after a last checkpoint."""
+    script = tmp_path / "run_pipeline.py"
+    marker = tmp_path / "preloading"
+    script.write_text(textwrap.dedent(f"""
+        import time
+        from pathlib import Path
+
+        if __name__ == "__mp_main__":  # every child imports this script as it starts
+            Path({str(marker)!r}).touch()
+            time.sleep(3)
+
+        if __name__ == "__main__":
+            import jaderl
+
+            result = jaderl.train("sac", "Pendulum-v1", total_steps=10**9, run_dir={str(tmp_path / "run")!r},
+                                  **{SMALL_SAC!r})
+            print(result.stop_reason)
+    """))
+    proc = subprocess.Popen([sys.executable, str(script)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not marker.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C: to every process of the group
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 0, err
+    assert out.splitlines()[-1] == "interrupted"
+    assert (tmp_path / "run" / "checkpoint.json").exists()
+
+
 def test_cli_workers_flag_and_bad_env(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code = cli_main(["train", "ppo", "jaderl/CartPole-v1", "--workers", "2", "--total-steps", "256", "--json",
                      "--run-dir", str(tmp_path / "run"), "--device", "cpu", "--set", "horizon=16",
