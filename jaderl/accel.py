@@ -120,6 +120,8 @@ class _CompiledMethod:
                 torch.compiler.cudagraph_mark_step_begin()  # the previous replay's outputs were copied out
                 return _copy_out(self.compiled(*args, **kwargs))
             return self.compiled(*args, **kwargs)
+        except torch.OutOfMemoryError:  # not a compile error: the eager code would run out of memory too
+            raise
         except Exception as exc:  # compile errors surface at the first call of each new input signature
             set_rng_state(self.device, rng)
             self.fallback.fail(self.name, exc)

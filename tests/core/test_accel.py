@@ -107,6 +107,22 @@ def test_a_failing_compiler_falls_back_to_eager_with_one_warning(monkeypatch: py
         assert torch.equal(fallback.act(obs), expected)
 
 
+def test_running_out_of_memory_in_compiled_code_is_not_taken_for_a_compile_error(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    def out_of_memory(fn: Any, **kwargs: Any) -> Any:
+        def compiled(*args: Any, **kw: Any) -> Any:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+        return compiled
+
+    monkeypatch.setattr(torch, "compile", out_of_memory)
+    agent, _ = _agent(SAC, "sac", "jaderl/Pendulum-v1", True, warmup_steps=0, batch_size=8, buffer_size=64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "torch.compile failed ... continuing in eager mode"
+        with pytest.raises(torch.OutOfMemoryError):
+            agent.act(torch.zeros(2, 3))
+
+
 @pytest.fixture
 def fresh_dynamo() -> Iterator[None]:
     """No code compiled by earlier tests (which a new agent would reuse without compiling), none left behind."""
