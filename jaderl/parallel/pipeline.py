@@ -329,7 +329,11 @@ class _Pipeline:
         return traj
 
     def request(self, agent: Agent, step: int, time_s: float, stats: dict[str, float]) -> None:
-        """Ask for an evaluation of the current policy; the evaluator must be idle (``pending_step`` None)."""
+        """Ask for an evaluation of the current policy. An evaluation still under way (``pending_step``, e.g. when
+        ``Trainer.evaluate`` is called between training steps) finishes first and is recorded: the evaluator reads
+        the policy it evaluates from shared memory."""
+        if self.pending_step is not None:
+            self.poll(wait=True)
         for key, tensor in agent.policy_state_dict().items():
             self.shared.eval_policy[key].copy_(tensor)
         self.requests.put((step, time_s, stats))

@@ -453,6 +453,20 @@ def test_an_evaluation_running_at_ctrl_c_is_recorded_once(agent_cls: type[SAC], 
     assert [int(r["step"]) for r in _rows(run_dir)] == expected
 
 
+def test_an_evaluation_asked_for_while_one_runs_waits_for_it(tmp_path: Path) -> None:
+    """Trainer.evaluate between training steps can ask while the periodic evaluation still runs: that one finishes
+    and is recorded first (its policy is not overwritten), and the answer is the new evaluation's."""
+    pipeline = _pipeline(tmp_path / "run", SlightlySlowEvaluationSAC)
+    try:
+        pipeline.start()
+        pipeline.request(pipeline.agent, 100, 1.0, {})
+        pipeline.request(pipeline.agent, 200, 2.0, {})  # the first takes a second more
+        assert pipeline.poll(wait=True) is not None and pipeline.pending_step is None
+    finally:
+        pipeline.close()
+    assert [int(row["step"]) for row in pipeline.rows] == [100, 200]
+
+
 def test_more_workers_than_the_cpus_can_serve_are_refused_before_any_starts(tmp_path: Path,
                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """A thousand explorer processes, each importing torch, used to exhaust the machine and hang the start."""
