@@ -246,12 +246,15 @@ def sigmoid_tanh_is_faster() -> bool:
     for the process. PyTorch's CPU tanh is 3x-5x slower than the sigmoid form on some CPUs (AMD EPYC machines) and 2x-3x
     faster on others (an Intel Xeon with AVX-512). The environment variable ``JADERL_SIGMOID_TANH=1`` (or ``0``)
     decides instead, e.g. for bit-identical runs on machines of both kinds (the two forms are at most about 1e-7
-    apart)."""
+    apart); another value is ignored with a warning."""
     if not _SIGMOID_TANH:
         forced = os.environ.get("JADERL_SIGMOID_TANH", "").strip()
         if forced in ("0", "1"):
             _SIGMOID_TANH.append(forced == "1")
         else:
+            if forced:
+                warnings.warn(f"JADERL_SIGMOID_TANH={forced!r} is neither 0 nor 1, so it is ignored and the faster "
+                              "form is measured; set it to 0 or 1 or unset it", RuntimeWarning, stacklevel=2)
             x = torch.linspace(-3.0, 3.0, 2048 * 64).view(2048, 64)  # no random numbers: the seeded streams stay
 
             def best(fn: Callable[[torch.Tensor], torch.Tensor]) -> float:

@@ -193,6 +193,10 @@ def test_the_cpu_tanh_form_is_measured_once_or_set_by_the_environment(monkeypatc
         monkeypatch.setattr(accel, "_SIGMOID_TANH", [])
         monkeypatch.setenv("JADERL_SIGMOID_TANH", value)
         assert accel.sigmoid_tanh_is_faster() is expected
+    monkeypatch.setattr(accel, "_SIGMOID_TANH", [])
+    monkeypatch.setenv("JADERL_SIGMOID_TANH", "yes")
+    with pytest.warns(RuntimeWarning, match=r"JADERL_SIGMOID_TANH='yes' is neither 0 nor 1, so it is ignored"):
+        assert isinstance(accel.sigmoid_tanh_is_faster(), bool)
 
 
 def test_on_policy_networks_use_the_cpu_tanh() -> None:
