@@ -161,6 +161,8 @@ class JaderlModule(pl.LightningModule):
             raise ConfigError(f"iterations_per_batch={iterations_per_batch} is out of range: it must be >= 1 (or "
                               "None to pick it)")
         self.requested_iterations_per_batch = iterations_per_batch
+        # a path as a string: the checkpoint's hyperparameters are JSON (SafetensorsCheckpointIO)
+        settings = {k: os.fspath(v) if isinstance(v, os.PathLike) else v for k, v in settings.items()}
         hparams = {"env": env, **settings} if type(self).ALGO is not None else {"algo": algo, "env": env, **settings}
         if iterations_per_batch is not None:
             hparams["iterations_per_batch"] = iterations_per_batch
@@ -195,7 +197,8 @@ class JaderlModule(pl.LightningModule):
         module = cls(**hparams)
         device = torch.device(map_location or "cpu")
         # the networks as the run built them: its saved config, not one resolved again (a zoo entry may change)
-        overrides = {k: getattr(module.config, k) for k in kwargs if hasattr(module.config, k)}
+        names = [getattr(cls, "BOLTS_KEYWORDS", {}).get(k, k) for k in kwargs]  # a Bolts keyword: its jaderl name
+        overrides = {k: getattr(module.config, k) for k in names if hasattr(module.config, k)}
         saved_config = {**checkpoint["jaderl"]["config"], **overrides}
         config = type(module.config).from_dict(saved_config).replace(device=str(device))
         module.config = config
@@ -338,9 +341,17 @@ class JaderlModule(pl.LightningModule):
         """Evaluate the policy (process 0; the result reaches every process) for :meth:`on_train_epoch_end` to log."""
         run = self.jaderl_trainer
         assert run is not None
+        finished = run.agent.episodes.finished.clone()
         episodes = run.agent.episodes.summary()
         start = time.perf_counter()
-        value = run.evaluate() if run.evaluator is not None else math.nan
+        rows = run.evaluator.rows if run.evaluator is not None else []
+        if rows and rows[-1]["step"] == run.agent.steps:  # this policy was evaluated (a finished run resumed)
+            value = rows[-1]["eval_return_mean"]
+        elif run.evaluator is not None:
+            run.agent.episodes.add(finished)  # the evaluation's row of metrics.csv records them too
+            value = run.evaluate()
+        else:
+            value = math.nan
         run.time_s += time.perf_counter() - start  # the evaluation counts as training time, as in jaderl train
         if run.coordinator is not None:
             shared = torch.tensor([value, run.best_return], dtype=torch.float64, device=run.device)

@@ -74,8 +74,12 @@ def test_fit_logs_metrics_and_stops_at_the_budget(tmp_path: Path) -> None:
     assert any(r.get("train/episode_return") for r in rows)
     # the jaderl run directory sits in the logger's: its own metrics.csv records the same evaluations
     with open(Path(trainer.logger.log_dir) / "jaderl-run" / "metrics.csv") as f:
-        jaderl_evals = [float(r["eval_return_mean"]) for r in csv.DictReader(f)]
+        jaderl_rows = list(csv.DictReader(f))
+    jaderl_evals = [float(r["eval_return_mean"]) for r in jaderl_rows]
     assert jaderl_evals == pytest.approx(evals)
+    # and the training episodes' returns that Lightning's logger got, epoch by epoch
+    logged = [float(r["train/episode_return"]) for r in rows if r.get("eval_return")]
+    assert [float(r["train_episode_return"]) for r in jaderl_rows] == pytest.approx(logged)
     # the checkpoint of the last epoch gives the trained agent back, ready to act
     (saved,) = (Path(trainer.logger.log_dir) / "checkpoints").iterdir()
     loaded = JaderlModule.load_from_checkpoint(saved)
@@ -86,6 +90,16 @@ def test_fit_logs_metrics_and_stops_at_the_budget(tmp_path: Path) -> None:
     assert loaded.agent.predict(obs) == model.agent.predict(obs)
     with pytest.raises(ConfigError, match="trained already"):  # a run goes on through a checkpoint, not a 2nd fit
         lightning_trainer(tmp_path / "again").fit(model)
+
+
+def test_a_run_dir_given_as_a_path_is_checkpointed(tmp_path: Path) -> None:
+    """The hyperparameters hold the path as a string: the safetensors checkpoint's JSON takes it."""
+    model = JaderlModule("dqn", "jaderl/CartPole-v1", **{**TINY_DQN, "total_steps": 200}, run_dir=tmp_path / "run")
+    trainer = lightning_trainer(tmp_path)
+    trainer.fit(model)
+    (saved,) = (Path(trainer.logger.log_dir) / "checkpoints").iterdir()
+    assert SafetensorsCheckpointIO().load_checkpoint(saved)["hyper_parameters"]["run_dir"] == str(tmp_path / "run")
+    assert (tmp_path / "run" / "metrics.csv").exists()
 
 
 def test_a_finished_run_resumed_from_its_last_checkpoint_trains_no_further(tmp_path: Path) -> None:
@@ -99,6 +113,14 @@ def test_a_finished_run_resumed_from_its_last_checkpoint_trains_no_further(tmp_p
     trainer = lightning_trainer(tmp_path / "again", max_epochs=10)
     trainer.fit(resumed, ckpt_path=saved)
     assert resumed.stop_reason == "total_steps" and resumed.agent.steps == 600
+    # nor another evaluation of the policy evaluated at step 600: the run's evaluations stay as they were
+    evaluations = []
+    for run in (model, resumed):
+        assert run.jaderl_trainer is not None
+        with open(run.jaderl_trainer.run_dir / "metrics.csv") as f:
+            evaluations.append([{k: v for k, v in row.items() if k != "time_s"} for row in csv.DictReader(f)])
+    assert len(evaluations[0]) == 3 and evaluations[1] == evaluations[0]
+    assert resumed.jaderl_trainer.best_return == model.jaderl_trainer.best_return
 
 
 def test_time_limit_counts_the_evaluations_as_jaderl_train_does(tmp_path: Path,
@@ -255,6 +277,9 @@ def test_a_bolts_checkpoint_loads_through_jaderl_module_and_other_algorithms_are
     saved = SafetensorsCheckpointIO().load_checkpoint(path)["jaderl"]["config"]
     assert loaded.agent.config.to_dict() == {**saved, "eval_episodes": 7}  # as the run built it, with the override
     assert DQN.load_from_checkpoint(path).agent.config.algo == "dqn"
+    # a Bolts keyword overrides the setting it names
+    assert DQN.load_from_checkpoint(path, eps_end=0.07, learning_rate=1e-3).agent.config.epsilon_end == 0.07
+    assert DQN.load_from_checkpoint(path, learning_rate=1e-3).agent.config.lr == 1e-3
     with pytest.raises(ConfigError, match=r"holds a dqn run, and BOLTS_NAME trains a2c".replace(
             "BOLTS_NAME", "AdvantageActorCritic")):
         BOLTS_NAMES["AdvantageActorCritic"].load_from_checkpoint(path)
