@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import os
 import signal
 import socket
@@ -59,6 +60,8 @@ class Resources:
                 values[key] = float(value)
             except ValueError:
                 raise ConfigError(f"--resources-per-member {text!r}: {key} must be a number, e.g. {key}=0.5") from None
+            if not math.isfinite(values[key]):  # (NaN passed the checks below and reached Ray's actor options)
+                raise ConfigError(f"--resources-per-member {text!r}: {key} must be a finite number, e.g. {key}=0.5")
             if values[key] < 0 or (key == "cpu" and values[key] == 0):
                 raise ConfigError(f"--resources-per-member {text!r}: {key} must be positive")
         return cls(**values)

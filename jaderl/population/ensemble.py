@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -75,19 +76,27 @@ def fuse_runs(run_dirs: Sequence[str | Path], out: str | Path, device: str = "cp
     agents = [load(d, best=False, device=device) for d in run_dirs]
     check_same_settings(agents, names)
     config = agents[0].config.replace(run_dir=str(out), device=device)
-    with Trainer(config, ALGOS[config.algo].agent_cls) as trainer:
-        state = load_checkpoint(run_dirs[0], trainer.device)
-        trainer.load_state_dict({**state, "evaluator": {"rows": []}})  # the fused agent's own evaluations only
-        # a reward normaliser's running returns belong to the first run's sub-envs' episodes, which go on
-        returns = [(s, s.running.clone()) for s in trainer.agent.running_stats().values() if isinstance(s, ReturnNorm)]
-        try:
-            fuse_agents([trainer.agent, *agents[1:]])
-        except ValueError as exc:
-            raise ConfigError(f"cannot fuse {', '.join(names)}: {exc}") from None
-        for stat, running in returns:
-            stat.running.copy_(running)
-        score = trainer.evaluate()
-        trainer.checkpoint()
+    existed = Path(out).exists()
+    try:
+        with Trainer(config, ALGOS[config.algo].agent_cls) as trainer:
+            state = load_checkpoint(run_dirs[0], trainer.device)
+            trainer.load_state_dict({**state, "evaluator": {"rows": []}})  # the fused agent's own evaluations only
+            # a reward normaliser's running returns belong to the first run's sub-envs' episodes, which go on
+            returns = [(s, s.running.clone()) for s in trainer.agent.running_stats().values()
+                       if isinstance(s, ReturnNorm)]
+            try:
+                fuse_agents([trainer.agent, *agents[1:]])
+            except ValueError as exc:
+                raise ConfigError(f"cannot fuse {', '.join(names)}: {exc}") from None
+            for stat, running in returns:
+                stat.running.copy_(running)
+            score = trainer.evaluate()
+            trainer.checkpoint()
+    except BaseException:  # no half-written run is left in ``out``, which a second try would refuse
+        shutil.rmtree(out, ignore_errors=True)
+        if existed:
+            Path(out).mkdir()
+        raise
     return {"run_dir": str(out), "eval_return": score, "fused": names}
 
 

@@ -113,7 +113,8 @@ class Member:
         trainer.rng = own_rng
         if generator is not None:  # the env's own stream (its resets) too
             generator.set_state(own_env_rng)
-        trainer.set_hyperparameters(**hyperparameters)
+        if hyperparameters:  # (none when every one is set for every member: nothing is searched)
+            trainer.set_hyperparameters(**hyperparameters)
         trainer.checkpoint()
 
     def reseed(self, seed: int) -> None:

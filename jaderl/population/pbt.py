@@ -34,7 +34,7 @@ from jaderl.core.loop import TrainingError, check_spec
 from jaderl.envs import make_env
 from jaderl.population.cluster import PopulationError, Resources, connected
 from jaderl.population.member import remote_member, remote_standby
-from jaderl.population.space import Space, explore, parse_space, sample, space_entries
+from jaderl.population.space import Space, check_not_fixed, explore, parse_space, sample, space_entries
 from jaderl.population.store import (
     STATE_JSON,
     copy_run,
@@ -107,15 +107,15 @@ class PBTSettings:
         for name, low in (("members", 2), ("period", 1), ("generations", 1), ("max_restarts", 0)):
             if getattr(self, name) < low:
                 raise ConfigError(f"{name}={getattr(self, name)} is out of range: it must be >= {low}")
-        if self.period_s is not None and not self.period_s > 0:
-            raise ConfigError(f"period_s={self.period_s} is out of range: it must be > 0 seconds")
+        if self.period_s is not None and not 0 < self.period_s < math.inf:  # (inf: a period that never ends)
+            raise ConfigError(f"period_s={self.period_s} is out of range: it must be a finite number of seconds > 0")
         if not 0 < self.quantile <= 0.5:
             raise ConfigError(f"quantile={self.quantile} is out of range: it must be in (0, 0.5]")
         if not 0 <= self.resample_probability <= 1:
             raise ConfigError(f"resample_probability={self.resample_probability} is out of range: it must be in [0, 1]")
         Resources.parse(self.resources)
         check_fits([make_config(**self.member_settings(0, Path(".")))])
-        return parse_space(ALGOS[self.algo].agent_cls, self.space)
+        return parse_space(ALGOS[self.algo].agent_cls, self.space, fixed=self.settings)
 
     def member_settings(self, k: int, pop_dir: Path) -> dict[str, Any]:
         """Config fields of member ``k``: its seed and run directory, evaluations at period ends (a run evaluates and
@@ -167,6 +167,7 @@ def pbt(algo: str, env: str, *, members: int = 8, period: int = 20_000, generati
     the driver spent on those copies; they run side by side) and ``time_s`` (since the start)."""
     config = PBTSettings(algo, env, members, period, generations, seed, space_entries(space), quantile,
                          resample_probability, copy_buffer, resources, max_restarts, settings, period_s)
+    check_not_fixed(config.space, settings)
     parsed = config.validate()
     pop_dir = population_dir(run_dir, "pbt", algo, env, seed)  # a file or a directory in use: refused before Ray
     with connected(address, num_cpus) as ray:  # an address that does not answer, or too few resources: no directory
@@ -186,7 +187,7 @@ def resume_pbt(pop_dir: str | Path, *, generations: int | None = None, address: 
     """Continue the population in ``pop_dir`` from its last committed generation (members from their checkpoints);
     ``generations`` may raise the number of generations, ``resources`` give members other resources (another
     cluster)."""
-    pop_dir = Path(pop_dir)
+    pop_dir = Path(pop_dir).absolute()  # (members' run directories, in processes with another working directory)
     state = read_state(pop_dir)
     if state.get("format") != FORMAT:
         raise ConfigError(f"{pop_dir} holds a population of format {state.get('format')}; this jaderl reads format "
@@ -428,8 +429,9 @@ def damaged_message(pop_dir: Path, k: int, path: Path, reason: str) -> str:
 
 def split_by_score(scores: list[float], quantile: float) -> tuple[list[int], list[int]]:
     """The members that may be copied (the top ``quantile`` by score, best first, diverged members left out) and the
-    members that copy one of them (the bottom ``quantile`` and every diverged member, whose score is -inf)."""
-    ranked = sorted(range(len(scores)), key=lambda k: scores[k], reverse=True)
+    members that copy one of them (the bottom ``quantile`` and every diverged member, whose score is -inf or NaN)."""
+    ranked = sorted(range(len(scores)), key=lambda k: -math.inf if math.isnan(scores[k]) else scores[k],
+                    reverse=True)
     cut = max(1, int(len(scores) * quantile))
     top = [k for k in ranked if math.isfinite(scores[k])][:cut]
     if not top:

@@ -1,7 +1,8 @@
 """A population's search space: where each mutable hyperparameter is sampled from and how it is perturbed.
 
 A space maps hyperparameter names to a :class:`Dimension` each. By default it is the algorithm's own
-``Agent.hyperparameters`` (every one, over its whole valid range); a user narrows it with strings such as
+``Agent.hyperparameters`` (every one that ``--set`` does not give every member, over its whole valid range); a user
+narrows it with strings such as
 
     lr=loguniform:1e-4:1e-2      gamma=uniform:0.95:0.999      clip_ratio=choice:0.1:0.2:0.3
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import random
+from collections.abc import Collection
 from typing import Any
 
 from jaderl.core.agent import Agent, Hyperparameter
@@ -73,6 +75,8 @@ def parse_dimension(name: str, text: str, allowed: Hyperparameter | None) -> Dim
         numbers = tuple(float(p) for p in parts)
     except ValueError:
         raise ConfigError(f"{name}={text!r}: the bounds must be numbers, e.g. {name}={kind}:0.1:0.5") from None
+    if not all(map(math.isfinite, numbers)):  # (a NaN among a choice's values passed the range check below)
+        raise ConfigError(f"{name}={text!r}: the bounds must be finite numbers, not NaN or infinity")
     if kind == "choice":
         if not numbers:
             raise ConfigError(f"{name}={text!r} is an empty choice; list values, e.g. {name}=choice:0.1:0.2")
@@ -101,22 +105,34 @@ def space_entries(entries: list[str] | dict[str, str] | None) -> dict[str, str]:
         name, sep, text = entry.partition("=")
         if not sep:
             raise ConfigError(f"--space {entry!r} is not NAME=KIND:LOW:HIGH; write e.g. lr=loguniform:1e-4:1e-2")
+        if name.strip() in pairs:  # (the last one silently replaced the others)
+            raise ConfigError(f"--space names {name.strip()} twice; give each hyperparameter one range")
         pairs[name.strip()] = text.strip()
     return pairs
 
 
-def parse_space(agent_cls: type[Agent], entries: list[str] | dict[str, str] | None) -> Space:
+def parse_space(agent_cls: type[Agent], entries: list[str] | dict[str, str] | None,
+                fixed: Collection[str] = ()) -> Space:
     """The search space for ``agent_cls``: ``entries`` (``["lr=loguniform:1e-4:1e-2", ...]`` or a dict name ->
-    ``"loguniform:1e-4:1e-2"``), or the algorithm's own :func:`default_space` when there are none."""
+    ``"loguniform:1e-4:1e-2"``), or the algorithm's own :func:`default_space` when there are none, less the
+    hyperparameters that every member is given (``fixed``: the names of ``--set``)."""
     pairs = space_entries(entries)
     if not pairs:
-        return default_space(agent_cls)
+        return {name: dim for name, dim in default_space(agent_cls).items() if name not in fixed}
     mutable = agent_cls.hyperparameters
     for name in pairs:
         if name not in mutable:
             raise ConfigError(f"{name} is not a hyperparameter {agent_cls.__name__} can change while it trains, so a "
                               f"population cannot search it; searchable: {', '.join(mutable)}")
     return {name: parse_dimension(name, text, mutable[name]) for name, text in pairs.items()}
+
+
+def check_not_fixed(entries: list[str] | dict[str, str] | None, fixed: Collection[str]) -> None:
+    """Refuse in one sentence a hyperparameter that ``entries`` search and ``fixed`` (``--set``) give every member:
+    the member would take the searched value and the set one would be lost."""
+    if both := [name for name in space_entries(entries) if name in fixed]:
+        raise ConfigError(f"{both[0]} is both searched (--space {both[0]}=...) and given to every member (--set "
+                          f"{both[0]}=...); drop one of them")
 
 
 def sample(space: Space, rng: random.Random) -> dict[str, float]:

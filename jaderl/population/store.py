@@ -56,10 +56,12 @@ def population_dir(run_dir: str | None, kind: str, algo: str, env: str, seed: in
 
 
 def new_population_dir(run_dir: str | None, kind: str, algo: str, env: str, seed: int) -> Path:
-    """A new, empty population directory (checked as :func:`population_dir` checks it, then created)."""
+    """A new, empty population directory (checked as :func:`population_dir` checks it, then created), as an absolute
+    path: members take their run directories from it, and a member's process need not share the driver's working
+    directory (a cluster's workers start where ``ray start`` ran)."""
     path = population_dir(run_dir, kind, algo, env, seed)
     path.mkdir(parents=True, exist_ok=True)
-    return path
+    return path.absolute()
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:

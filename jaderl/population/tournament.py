@@ -3,8 +3,9 @@
     leaderboard = Leaderboard actor (top-K entries with scores, persisted to POP_DIR/leaderboard.json)
     pool = `pool` members training side by side, each for one period of env steps
     whenever any member finishes its period (no member waits for another):
-        updater:   evaluate it; the leaderboard inserts it by score (a copy of its run directory is kept while it
-                   stays in the top K); record tournament.csv; end the member (its process trains the next one)
+        updater:   the leaderboard inserts it by the score of the evaluation that ended its period (a copy of its
+                   run directory is kept while it stays in the top K); record tournament.csv; end the member (its
+                   process trains the next one)
         generator: start the next member from the leaderboard:
                    "best"  continue a copy of the best entry with explored hyperparameters,
                    "fuse"  the top k entries of one algorithm fused (parameters and optimizer states averaged),
@@ -36,7 +37,7 @@ from jaderl.population.cluster import PopulationError, Resources, connected
 from jaderl.population.ensemble import fuse_runs
 from jaderl.population.member import remote_worker
 from jaderl.population.pbt import check_fits
-from jaderl.population.space import Space, explore, parse_space, sample
+from jaderl.population.space import Space, check_not_fixed, explore, parse_space, sample
 from jaderl.population.store import copy_run, new_population_dir, population_dir, write_json
 
 STRATEGIES = ("best", "fuse", "fresh")
@@ -100,7 +101,7 @@ def tournament(algos: list[str] | str, env: str, *, pool: int = 4, period: int =
                **settings: Any) -> TournamentResult:
     """Run a tournament of ``rounds`` member periods with ``pool`` members at a time (see the module docstring).
     ``algos``: one algorithm or several; ``strategy_weights``: how often the generator copies the best entry, fuses
-    the top ``fuse_top`` entries (at most ``leaderboard_size``; default 3, or the leaderboard's size if smaller) or
+    the top ``fuse_top`` entries (2 to ``leaderboard_size``; default 3, or the leaderboard's size if smaller) or
     starts afresh (fresh members until the leaderboard has an entry); ``settings``: config fields, each given to every
     algorithm that has it. ``progress`` is called whenever a member's period ends, with ``finished``, ``rounds``,
     ``member``, ``score``, ``origin``, ``pid`` (the process it trained in; None if it died) and ``time_s``."""
@@ -123,7 +124,8 @@ def tournament(algos: list[str] | str, env: str, *, pool: int = 4, period: int =
                "raise --leaderboard-size to 2 or more, or give fusing no weight in --strategy-weights")
         raise ConfigError(f"fuse_top={fuse_top} is out of range: it must be <= leaderboard_size={leaderboard_size}, "
                           f"since a fused member averages entries of the leaderboard; {fix}")
-    spaces = {a: parse_space(ALGOS[a].agent_cls, space) for a in algos}
+    check_not_fixed(space, settings)
+    spaces = {a: parse_space(ALGOS[a].agent_cls, space, fixed=settings) for a in algos}
     fields = {f.name for a in algos for f in dataclasses.fields(ALGOS[a].agent_cls.config_cls)}
     if bad := sorted(set(settings) - fields):
         raise ConfigError(f"unknown setting {bad[0]!r}: none of {', '.join(algos)} has it")

@@ -99,6 +99,26 @@ def test_fuse_refuses_a_run_given_twice(two_runs: list[Path], tmp_path: Path,
     assert not (tmp_path / "out").exists()
 
 
+def test_a_fusion_that_fails_leaves_no_run_behind(two_runs: list[Path], tmp_path: Path) -> None:
+    """Runs whose optimizers hold states of other shapes (one never updated) cannot be fused: the refusal leaves
+    nothing in ``out``, so fusing into it again, once the runs are fixed, is not refused as a directory in use."""
+    from jaderl.algos.ppo import PPO
+    from jaderl.core.loop import Trainer
+
+    config = api.make_config("ppo", ENV, seed=3, run_dir=str(tmp_path / "new"), num_envs=4, horizon=32,
+                             minibatch_size=64, num_epochs=2, hidden=[16, 16], eval_episodes=2, device="cpu")
+    with Trainer(config, PPO) as trainer:  # a checkpoint at step 0: no optimizer step taken, no Adam state
+        trainer.checkpoint()
+    with pytest.raises(ConfigError, match=r"cannot fuse .*have all taken a step"):
+        fuse_runs([two_runs[0], tmp_path / "new"], tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError, match="cannot fuse"):
+        fuse_runs([two_runs[0], tmp_path / "new"], tmp_path / "empty")
+    assert (tmp_path / "empty").is_dir() and not any((tmp_path / "empty").iterdir())
+    assert fuse_runs(two_runs, tmp_path / "out")["run_dir"] == str(tmp_path / "out")
+
+
 def test_fuse_command_prints_json(two_runs: list[Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["fuse", *map(str, two_runs), "--out", str(tmp_path / "f"), "--json"]) == 0
     report = json.loads(capsys.readouterr().out.splitlines()[-1])

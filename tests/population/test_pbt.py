@@ -238,6 +238,58 @@ def test_populations_refuse_a_run_dir_that_is_a_file_or_in_use_before_ray_starts
         resume_pbt(pop, generations=3)
 
 
+def test_a_hyperparameter_given_with_set_is_not_searched(no_ray: None, tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """`--set gamma=0.99` gives every member that discount: the default space (every mutable hyperparameter) leaves
+    it out, where members used to draw their own and drop the one set; a hyperparameter both searched with --space
+    and set with --set is refused in one sentence before Ray starts."""
+    space = PBTSettings("ppo", ENV, members=2, settings={**TINY, "gamma": 0.99}).validate()
+    assert "gamma" not in space and "lr" in space
+    from jaderl.population.space import sample
+
+    assert "gamma" not in sample(space, random.Random(0))
+    expected = ("jaderl: error: lr is both searched (--space lr=...) and given to every member (--set lr=...); drop "
+                "one of them")
+    for command in (["pbt", "ppo", ENV, "--members", "2"], ["tournament", "ppo", ENV, "--pool", "2"]):
+        err = _refused([*command, "--space", "lr=loguniform:1e-4:1e-2", "--set", "lr=0.001", "--run-dir",
+                        str(tmp_path / "p")], capsys)
+        assert err.strip() == expected
+        assert not (tmp_path / "p").exists()
+
+
+def test_members_run_in_the_population_directory_whatever_their_working_directory(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A relative --run-dir (the default runs/... too) names the population directory from the driver's working
+    directory; a member's process on a cluster starts where `ray start` ran, so members are given absolute run
+    directories (with a relative one, each wrote its own directory elsewhere and the driver found none)."""
+    pbt_module, tournament_module = (sys.modules[f"jaderl.population.{name}"] for name in ("pbt", "tournament"))
+    seen: dict[str, Path] = {}
+
+    @contextlib.contextmanager
+    def connected(*args: Any) -> Iterator[Any]:
+        yield type("Ray", (), {"cluster_resources": staticmethod(lambda: {"CPU": 2.0})})()
+
+    def controller_run(self: Any, *args: Any) -> None:
+        seen["pbt"] = Path(self.config.member_settings(0, self.pop_dir)["run_dir"])
+
+    def tournament_run(self: Any, *args: Any) -> None:  # (its members' run directories: POP_DIR/members/NAME)
+        seen["tournament"] = self.pop_dir
+
+    monkeypatch.setattr(pbt_module, "connected", connected)
+    monkeypatch.setattr(tournament_module, "connected", connected)
+    monkeypatch.setattr(pbt_module._Controller, "run", controller_run)
+    monkeypatch.setattr(tournament_module._Tournament, "__init__", lambda self, *a: setattr(self, "pop_dir", a[2]))
+    monkeypatch.setattr(tournament_module._Tournament, "run", tournament_run)
+    monkeypatch.chdir(tmp_path)
+    pbt("ppo", ENV, members=2, run_dir="pops/p", **TINY)
+    assert seen["pbt"] == tmp_path / "pops" / "p" / "members" / "m00"
+    del seen["pbt"]
+    resume_pbt("pops/p", generations=3)
+    assert seen["pbt"] == tmp_path / "pops" / "p" / "members" / "m00"
+    tournament_module.tournament("ppo", ENV, pool=2, run_dir="pops/t", **TINY)
+    assert seen["tournament"] == tmp_path / "pops" / "t"
+
+
 def test_tournament_refuses_bad_resources_before_ray_starts(no_ray: None, tmp_path: Path,
                                                             capsys: pytest.CaptureFixture[str]) -> None:
     err = _refused(["tournament", "ppo", ENV, "--resources-per-member", "cpu=x", "--run-dir", str(tmp_path / "t")],
@@ -316,6 +368,8 @@ def test_diverged_members_copy_and_are_never_copied() -> None:
     assert split_by_score([3.0, 1.0, 2.0, 0.0], 0.25) == ([0], [3])
     assert split_by_score([inf, 1.0, inf, 2.0, inf, 0.7, 0.8, 0.9], 0.25) == ([3, 1], [0, 2, 4])  # 3 diverged
     assert split_by_score([inf, inf, 5.0], 0.5) == ([2], [0, 1])
+    # a NaN score ranks as a diverged one: it used to break the sort, and the best member copied a worse one
+    assert split_by_score([2.0, 1.0, math.nan, 3.0], 0.25) == ([3], [2])
     with pytest.raises(PopulationError, match="every member diverged"):
         split_by_score([inf, inf], 0.5)
 
@@ -414,6 +468,13 @@ def test_a_period_in_seconds(tmp_path: Path) -> None:
     member.close()
     with pytest.raises(ConfigError, match="period_s=0 is out of range"):
         PBTSettings("ppo", ENV, period_s=0).validate()
+
+
+def test_a_period_of_seconds_that_never_ends_is_refused() -> None:
+    """`--period-seconds inf` (or NaN) is refused before anything starts: members would train without end."""
+    for period_s in (math.inf, math.nan, -1.0):
+        with pytest.raises(ConfigError, match=rf"period_s={period_s} is out of range: it must be a finite number"):
+            PBTSettings("ppo", ENV, period_s=period_s, settings=dict(TINY)).validate()
 
 
 def test_exploit_without_the_buffer_keeps_the_members_own_transitions(tmp_path: Path) -> None:

@@ -39,11 +39,18 @@ def test_parse_space_reads_every_kind() -> None:
     ("gamma=uniform:0.5:0.99", "outside the valid range of gamma"),
     ("lr", "is not NAME=KIND:LOW:HIGH"),
     ("clip_ratio=choice", "empty choice"),
+    ("lr=choice:0.001:nan", "finite numbers"),  # NaN passed the range check: members started with lr=nan
+    ("lr=uniform:nan:0.01", "finite numbers"),
 ])
 def test_a_bad_space_is_one_sentence(entry: str, words: str) -> None:
     with pytest.raises(ConfigError, match=words) as info:
         parse_space(PPO, [entry])
     assert "\n" not in str(info.value)
+
+
+def test_a_hyperparameter_given_two_ranges_is_refused() -> None:
+    with pytest.raises(ConfigError, match=r"^--space names lr twice; give each hyperparameter one range$"):
+        parse_space(PPO, ["lr=loguniform:1e-4:1e-3", "gamma=uniform:0.95:0.99", "lr=uniform:0.01:0.02"])
 
 
 def test_sample_and_explore_stay_in_range() -> None:
@@ -72,7 +79,7 @@ def test_resources_per_member() -> None:
         Resources(cpu=1).options(3, {"CPU": 2.0})
     with pytest.raises(ConfigError, match="GPUs"):
         Resources(gpu=0.5).options(4, {"CPU": 8.0, "GPU": 1.0})
-    for bad in ("cpu", "tpu=1", "cpu=x", "cpu=0", "gpu=-1"):
+    for bad in ("cpu", "tpu=1", "cpu=x", "cpu=0", "gpu=-1", "cpu=nan", "gpu=nan", "cpu=inf"):
         with pytest.raises(ConfigError, match="resources-per-member"):
             Resources.parse(bad)
 
