@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The main job: train PPO on the built-in torch Pendulum (256 batched sub-envs) until an evaluation reaches -200,
+# The main job: train PPO on the built-in torch Pendulum (64 batched sub-envs) until an evaluation reaches -200,
 # printing progress. Leaves runs/demo-pendulum-<time>/ with metrics.csv, learning_curve.png, TensorBoard logs,
 # the best policy and a checkpoint. Extra arguments go to `jaderl train` (e.g. --device cuda).
 source "$(dirname "$0")/venv.sh"
