@@ -95,7 +95,7 @@ def save_checkpoint(run_dir: str | Path, state: dict[str, Any], step: int) -> Pa
     _atomic_write(run_dir / tensor_file, lambda p: save_file(tensors, str(p)))
     text = json.dumps({"format": FORMAT, "tensor_file": tensor_file, "state": skeleton}, indent=1)
     _atomic_write(run_dir / CHECKPOINT_JSON, lambda p: p.write_text(text))
-    for old in run_dir.glob("ckpt-*.safetensors"):
+    for old in run_dir.glob("ckpt-*.safetensors*"):  # with what a killed write left (.tmp)
         if old.name != tensor_file:
             old.unlink()
     return run_dir / CHECKPOINT_JSON
@@ -115,12 +115,12 @@ def load_checkpoint(run_dir: str | Path, device: torch.device | str = "cpu", par
         with safe_open(str(run_dir / meta["tensor_file"]), framework="pt", device=str(device)) as f:
             prefix = "" if part is None else f"/{part}/"
             tensors = {k: f.get_tensor(k) for k in f.keys() if k.startswith(prefix)}  # noqa: SIM118
+        return unflatten(skeleton, tensors)  # a skeleton naming a tensor the file lacks is damaged too
     except CheckpointFormatError:
         raise
-    except (OSError, ValueError, KeyError, TypeError, SafetensorError) as exc:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, SafetensorError) as exc:
         raise FileNotFoundError(f"{run_dir} holds no readable checkpoint ({exc}); "
                                 "pass the run directory of a run that has saved one") from None
-    return unflatten(skeleton, tensors)
 
 
 def finite_or_raise(state: Any, where: str, *, fix: str = "resume from an earlier copy or start a new run") -> None:

@@ -26,8 +26,12 @@ class _YamlLoader(yaml.SafeLoader):
     """PyYAML's safe loader, also reading YAML 1.2 floats without a dot (``1e-3``, ``2E5``) as floats, not strings."""
 
 
-_YamlLoader.add_implicit_resolver("tag:yaml.org,2002:float",
-                                  re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"), list("-+0123456789"))
+class _YamlDumper(yaml.SafeDumper):
+    """PyYAML's safe dumper, quoting the strings that :class:`_YamlLoader` would read as floats (``run_dir: '1e5'``)."""
+
+
+yaml.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+                           list("-+0123456789"), Loader=_YamlLoader, Dumper=_YamlDumper)
 
 
 def param(default: Any, help: str, low: float | None = None, high: float | None = None, open_low: bool = False) -> Any:
@@ -119,7 +123,7 @@ class Config:
         lines = [f"# step {h['step']}: " + ", ".join(f"{k} {a} -> {b}" for k, (a, b) in h["changed"].items())
                  for h in history]
         notes = "# hyperparameters changed during the run:\n" + "\n".join(lines) + "\n" if lines else ""
-        Path(path).write_text(yaml.safe_dump(self.to_dict(), sort_keys=False) + notes)
+        Path(path).write_text(yaml.dump(self.to_dict(), Dumper=_YamlDumper, sort_keys=False) + notes)
 
     @staticmethod
     def read_yaml(path: str | Path) -> dict[str, Any]:
@@ -178,6 +182,5 @@ def _check_range(field: dataclasses.Field, value: Any) -> None:
     too_low = low is not None and (value <= low if open_low else value < low)
     too_high = high is not None and value > high
     if too_low or too_high:
-        lo = "" if low is None else (f"> {low}" if open_low else f">= {low}")
-        hi = "" if high is None else f"<= {high}"
+        lo, hi = "" if low is None else (f"> {low}" if open_low else f">= {low}"), "" if high is None else f"<= {high}"
         raise ConfigError(f"{field.name}={value} is out of range: it must be {' and '.join(filter(None, [lo, hi]))}")

@@ -84,7 +84,7 @@ class Evaluator:
         if self.tb is not None:
             self.tb.close()
             self.tb = None
-        self.purge_step = self.rows[-1]["step"] + 1 if self.rows else None  # TensorBoard hides what came later
+        self.purge_step = self.rows[-1]["step"] + 1 if self.rows else 0  # TensorBoard hides what came later
 
     def _write_csv(self) -> None:
         tmp = self.csv_path.with_name(self.csv_path.name + ".tmp")  # replaced at once: the history is never lost
@@ -117,6 +117,11 @@ class Evaluator:
         if returns.dim() > 1:
             row["eval_return_per_agent"] = returns.mean().item()
             row |= {f"eval_return_{team}": returns[:, idx].sum(-1).mean().item() for team, idx in self.teams.items()}
+        if row["eval_return_mean"] > self.best_return:  # the file first: it may be ahead of the rows, never behind
+            if len(self.teams) < 2:  # teams playing against each other: their summed return does not rank policies
+                save_tensors(self.run_dir / BEST_POLICY, agent.policy_state_dict(),  # what it scored, and when
+                             {"step": str(step), "eval_return_mean": repr(row["eval_return_mean"])})
+            self.best_return = row["eval_return_mean"]
         self.rows.append(row)
         with open(self.csv_path, "a", newline="") as f:
             csv.DictWriter(f, self.columns, extrasaction="ignore").writerow(row)
@@ -126,11 +131,6 @@ class Evaluator:
                                        if k.startswith("eval_return")}}.items():
             self.tb.add_scalar(key, value, step)
         self.tb.flush()
-        if row["eval_return_mean"] > self.best_return:
-            self.best_return = row["eval_return_mean"]
-            if len(self.teams) < 2:  # teams playing against each other: their summed return does not rank policies
-                save_tensors(self.run_dir / BEST_POLICY, agent.policy_state_dict(),  # what it scored, and when
-                             {"step": str(step), "eval_return_mean": repr(self.best_return)})
         if time.perf_counter() - self.last_plot > PLOT_EVERY_S:
             self.plot()
         return row

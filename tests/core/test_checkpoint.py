@@ -201,3 +201,24 @@ def test_a_checkpoint_of_the_same_step_never_overwrites_the_live_one(tmp_path: P
     save_checkpoint(tmp_path, {"w": torch.ones(3)}, step=5)
     assert torch.equal(load_checkpoint(tmp_path)["w"], torch.ones(3))
     assert len(list(tmp_path.glob("ckpt-*.safetensors"))) == 1  # the unfinished one and the old one are gone
+
+
+@pytest.mark.parametrize("text", [
+    "[]", "null", '"checkpoint"',  # JSON, but not an object
+    '{"format": 2, "tensor_file": "ckpt-1.safetensors", "state": {"x": {"__tensor__": "/gone"}}}',
+    '{"format": 2, "tensor_file": "ckpt-1.safetensors", "state": {"__items__": [1]}}',
+])
+def test_a_damaged_checkpoint_json_is_one_sentence(tmp_path: Path, text: str) -> None:
+    save_checkpoint(tmp_path, {"x": torch.ones(2)}, step=1)
+    (tmp_path / CHECKPOINT_JSON).write_text(text)
+    with pytest.raises(FileNotFoundError, match="holds no readable checkpoint") as info:
+        load_checkpoint(tmp_path)
+    assert "\n" not in str(info.value)
+
+
+def test_the_next_save_removes_a_tensor_file_a_killed_write_left(tmp_path: Path) -> None:
+    """A process killed while writing its tensors (a replay buffer can be gigabytes) leaves ckpt-N.safetensors.tmp."""
+    save_checkpoint(tmp_path, {"x": torch.ones(2)}, step=1)
+    (tmp_path / "ckpt-2.safetensors.tmp").write_bytes(b"\x00" * 64)
+    save_checkpoint(tmp_path, {"x": torch.zeros(2)}, step=3)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [CHECKPOINT_JSON, "ckpt-3.safetensors"]

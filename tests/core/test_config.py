@@ -198,6 +198,13 @@ def test_yaml_file_with_exponent_floats(tmp_path: Path) -> None:
     assert config.lr == 3e-4 and config.total_steps == 100_000
 
 
+def test_strings_that_read_as_exponent_floats_survive_the_yaml_round_trip(tmp_path: Path) -> None:
+    config = Config(run_dir="1e5", env="2E-3", algo="+1e5")
+    config.save_yaml(tmp_path / "config.yaml")
+    assert Config.from_dict(Config.read_yaml(tmp_path / "config.yaml")) == config
+    assert yaml.safe_load((tmp_path / "config.yaml").read_text())["run_dir"] == "1e5"  # PyYAML's own reading too
+
+
 @pytest.mark.parametrize("text", ["lr", "=3", "", "hidden=[64,"])
 def test_parse_assignment_malformed(text: str) -> None:
     with pytest.raises(ConfigError, match="--set"):

@@ -192,6 +192,27 @@ def test_resume_keeps_a_newer_best_policy_and_skips_a_cut_metrics_line(run_dir: 
         evaluator.close()
 
 
+def test_a_ctrl_c_while_the_best_policy_is_written_records_no_evaluation_it_lacks(
+        run_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The best-policy file may be ahead of the recorded evaluations (a resume keeps it), never behind them: an
+    evaluation whose policy was not saved is not recorded, so it is done again instead of claiming a better return
+    than the file holds."""
+    import jaderl.core.evaluator as evaluator_module
+
+    def interrupted(*args: Any, **kwargs: Any) -> None:
+        raise KeyboardInterrupt
+
+    (tmp_path / "new").mkdir()
+    evaluator = Evaluator(make_env(ENV, 1, "cpu"), tmp_path / "new", seed=4)
+    monkeypatch.setattr(evaluator_module, "save_tensors", interrupted)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            evaluator.evaluate(jaderl.load(run_dir), 128, 1.0, {})
+        assert evaluator.rows == [] and evaluator.best_return == -math.inf
+    finally:
+        evaluator.close()
+
+
 def test_consecutive_evaluations_share_no_start_state(tmp_path: Path) -> None:
     """A Gymnasium vector env seeds sub-env i with seed + i: evaluation k must not reuse evaluation k-1's seeds."""
     env = make_env("CartPole-v1", 4, "cpu")
@@ -312,6 +333,22 @@ def test_tensorboard_hides_what_a_resume_redoes(run_dir: Path) -> None:
     (new,) = set((run_dir / "tb").iterdir()) - first
     starts = [e.step for e in EventFileLoader(str(new)).Load() if e.HasField("session_log")]
     assert starts == [257]  # TensorBoard purges the points at steps >= 257 of the earlier files
+
+
+def test_tensorboard_hides_what_a_resume_redoes_from_a_state_before_the_first_evaluation(run_dir: Path) -> None:
+    """A checkpoint taken before any evaluation (checkpoint_every below eval_every) and a crash after one: the
+    rewritten metrics.csv holds no row, and TensorBoard shows none of the crashed run's points either."""
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+    first = set((run_dir / "tb").iterdir())
+    evaluator = Evaluator(make_env(ENV, 1, "cpu"), run_dir, seed=4)
+    evaluator.load_state_dict({"rows": []})
+    evaluator.evaluate(jaderl.load(run_dir), 128, 1.0, {})
+    evaluator.close()
+    (new,) = set((run_dir / "tb").iterdir()) - first
+    starts = [e.step for e in EventFileLoader(str(new)).Load() if e.HasField("session_log")]
+    assert starts == [0]  # TensorBoard purges every point of the earlier files
+    assert [line.split(",")[0] for line in (run_dir / "metrics.csv").read_text().splitlines()] == ["step", "128"]
 
 
 def test_device_names_are_checked(monkeypatch: pytest.MonkeyPatch) -> None:
