@@ -189,12 +189,16 @@ def make_env(name: str, num_envs: int, device: torch.device | str = "cpu", seed:
     ManiSkill3 task (``maniskill/PushCube-v1``), a PettingZoo parallel env (``pettingzoo/mpe2.simple_spread_v3``), an
     id registered with :func:`register_env` or any Gymnasium id.
 
-    Options after ``?`` (``jaderl/simple_spread?continuous=true&num_agents=4``) go to the env's constructor, a
-    torch-native env's checked against its signature first (see ``_options``); each is given once.
+    Options after ``?`` (``jaderl/simple_spread?continuous=true&num_agents=4``) go to the constructor of a
+    torch-native env (checked against its signature first, see ``_options``) or of a simulator's env; each is given
+    once. Atari and other Gymnasium ids take none.
 
     ``workers > 0`` steps a Gymnasium id in that many worker processes alongside this one, through shared memory
     (:class:`~jaderl.envs.subproc.SubprocVecEnv`); the default steps it in this process. Torch-native and Atari
     envs ignore it."""
+    if torch.device(device).type == "cuda" and not torch.cuda.is_available():
+        raise EnvError(f"env {name!r} was asked for on device {str(device)!r} but CUDA is not available; use device "
+                       "cpu")
     if name in REGISTERED_ENVS:
         return REGISTERED_ENVS[name](num_envs, torch.device(device), seed)
     if is_atari_id(name):
@@ -213,6 +217,9 @@ def make_env(name: str, num_envs: int, device: torch.device | str = "cpu", seed:
         return SIMULATORS[family](name, num_envs, device, seed, workers)
     if name.startswith(JADERL_PREFIX):
         raise EnvError(f"unknown env {name!r}; the built-in torch envs are: {', '.join(sorted(TORCH_ENVS))}")
+    if query or name.endswith("?"):
+        raise EnvError(f"Gymnasium ids take no ?options ({name!r}); drop the part after '?', or register_env a "
+                       "factory that builds the env with them (jaderl.envs.register_env)")
     if workers > 0:
         from jaderl.envs.subproc import SubprocVecEnv
 

@@ -223,17 +223,17 @@ class _MPEEnv(VecEnv):
     @property
     def agent_pos(self) -> torch.Tensor:
         """A copy of the agents' positions, ``(N, A, 2)`` (MPE2's ``world.agents[i].state.p_pos``)."""
-        return self._pos.permute(2, 0, 1).contiguous()
+        return self._pos.permute(2, 0, 1).clone(memory_format=torch.contiguous_format)
 
     @property
     def agent_vel(self) -> torch.Tensor:
         """A copy of the agents' velocities, ``(N, A, 2)`` (MPE2's ``p_vel``)."""
-        return self._vel.permute(2, 0, 1).contiguous()
+        return self._vel.permute(2, 0, 1).clone(memory_format=torch.contiguous_format)
 
     @property
     def landmark_pos(self) -> torch.Tensor:
         """A copy of the landmarks' positions, ``(N, L, 2)`` (MPE2's ``world.landmarks[l].state.p_pos``)."""
-        return self._landmarks.permute(2, 0, 1).contiguous()
+        return self._landmarks.permute(2, 0, 1).clone(memory_format=torch.contiguous_format)
 
     def set_world_state(
         self,

@@ -321,3 +321,16 @@ def test_registry_and_make_env() -> None:
     assert {"jaderl/Pendulum-v1", "jaderl/CartPole-v1"} <= set(TORCH_ENVS)
     with pytest.raises(EnvError):
         AcrobotEnv(2).set_state(torch.zeros(2, 3))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without CUDA")
+@pytest.mark.parametrize("env_id", ["jaderl/CartPole-v1", "jaderl/simple_spread", "CartPole-v1"])
+def test_cuda_without_cuda_is_one_sentence(env_id: str) -> None:
+    with pytest.raises(EnvError, match="CUDA is not available"):
+        make_env(env_id, 2, "cuda")
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_options_on_a_gymnasium_id_are_refused_in_one_sentence(workers: int) -> None:
+    with pytest.raises(EnvError, match=r"^Gymnasium ids take no \?options \('CartPole-v1\?sutton_barto_reward=true'\)"):
+        make_env("CartPole-v1?sutton_barto_reward=true", 2, workers=workers)

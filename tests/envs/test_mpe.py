@@ -333,6 +333,21 @@ def test_state_dict_copy_continues_identically(cls: MPE_ENV) -> None:
 
 
 @pytest.mark.parametrize("cls", [SimpleSpreadEnv, SimpleTagEnv])
+def test_one_sub_env_s_state_dict_and_world_are_copies(cls: MPE_ENV) -> None:
+    env = cls(1, seed=1)  # one sub-env: a permuted view of its world is already contiguous
+    state = env.state_dict()
+    saved = {k: v.clone() for k, v in state.items()}
+    views = (env.agent_pos, env.agent_vel, env.landmark_pos)
+    env.step(torch.full((1, env.num_agents), 2))
+    env.step(torch.full((1, env.num_agents), 4))
+    for key, value in saved.items():
+        assert torch.equal(state[key], value), key
+    for view, now in zip(views, (env.agent_pos, env.agent_vel, env.landmark_pos), strict=True):
+        view.add_(1.0)  # writing to a copy leaves the world alone
+        assert not torch.equal(view, now)
+
+
+@pytest.mark.parametrize("cls", [SimpleSpreadEnv, SimpleTagEnv])
 def test_same_seed_same_rollout(cls: MPE_ENV) -> None:
     def rollout(env: VecEnv, first: torch.Tensor) -> torch.Tensor:
         gen = torch.Generator().manual_seed(9)
