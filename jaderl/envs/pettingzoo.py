@@ -300,16 +300,22 @@ class PettingZooVecEnv(VecEnv):
         factory = _PackedFactory(make, layout, action_space, name)
         self._subproc: _PackedSubprocVecEnv | None = None
         self._envs: list[_PackedParallelEnv] = []
-        if workers > 0:
-            probe.close()
-            self._subproc = _PackedSubprocVecEnv(factory, num_envs, num_workers=workers, device=self.device)
-        else:
-            self._envs = [_PackedParallelEnv(probe, layout, action_space)]
-            self._envs += [factory() for _ in range(num_envs - 1)]
-            act_shape = tuple(action_space.shape)
-            buffers, size = _layout(num_envs, (layout.row_size,), np.dtype(np.float32), act_shape, action_space.dtype)
-            self._views = _views(bytearray(size), buffers)
-        self.reset(seed=seed)
+        try:  # a sub-env that fails to build (or to reset): the ones built so far are closed
+            if workers > 0:
+                probe.close()
+                self._subproc = _PackedSubprocVecEnv(factory, num_envs, num_workers=workers, device=self.device)
+            else:
+                self._envs = [_PackedParallelEnv(probe, layout, action_space)]
+                for _ in range(num_envs - 1):
+                    self._envs.append(factory())
+                act_shape = tuple(action_space.shape)
+                buffers, size = _layout(num_envs, (layout.row_size,), np.dtype(np.float32), act_shape,
+                                        action_space.dtype)
+                self._views = _views(bytearray(size), buffers)
+            self.reset(seed=seed)
+        except BaseException:
+            self.close()
+            raise
 
     def _read_env(self, env: ParallelEnv, seed: int | None) -> tuple[_PackedLayout, gym.spaces.Box]:
         """Read the agents, spaces, state and time limit of one sub-env; return its packed layout and the packed

@@ -295,6 +295,26 @@ def test_bad_envs_are_refused_in_one_sentence(monkeypatch: pytest.MonkeyPatch) -
         make_pettingzoo_env(LifetimeEnv, 2)
 
 
+def test_sub_envs_built_before_one_that_fails_are_closed() -> None:
+    closed: list[int] = []
+    built = [0]
+
+    class Closing(LifetimeEnv):
+        def __init__(self) -> None:
+            super().__init__()
+            built[0] += 1
+            self.number = built[0]
+            if self.number == 3:
+                raise ValueError("no licence for a third simulator")
+
+        def close(self) -> None:
+            closed.append(self.number)
+
+    with pytest.raises(ValueError, match="no licence for a third simulator"):
+        PettingZooVecEnv(Closing, 4, "cpu")
+    assert sorted(closed) == [1, 2]
+
+
 @pytest.mark.parametrize("workers", [0, 1])
 def test_a_closed_env_says_so(workers: int) -> None:
     env = make_pettingzoo_env(LifetimeEnv, 2, workers=workers)
