@@ -38,6 +38,7 @@ import json
 import math
 import os
 import time
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar
@@ -65,6 +66,7 @@ from jaderl.core.checkpoint import finite_or_raise, flatten, unflatten
 from jaderl.core.config import Config, ConfigError
 from jaderl.core.loop import Trainer
 from jaderl.envs import TORCH_ENVS, make_env
+from jaderl.marl.base import TeamRewardWarning
 from jaderl.parallel.ddp import SEED_STRIDE, Learners, learner_config
 
 FORMAT = 1
@@ -207,10 +209,12 @@ class JaderlModule(pl.LightningModule):
             spec = probe.spec  # agents are built from the env's description
         finally:
             probe.close()
-        agent = ALGOS[config.algo].agent_cls(config, spec, device)
+        with warnings.catch_warnings():  # training said what it had to say about the run's settings
+            warnings.simplefilter("ignore", TeamRewardWarning)
+            agent = ALGOS[config.algo].agent_cls(config, spec, device)
         finite_or_raise(checkpoint["jaderl"]["agent"]["networks"], str(checkpoint_path))
         load_saved_agent(agent, checkpoint["jaderl"]["agent"])  # (a reward normaliser's returns: the run's sub-envs)
-        mixed_precision(agent)  # the networks compute as they did in training (config.precision)
+        mixed_precision(agent, warn=False)  # the networks compute as they did in training (config.precision)
         module._loaded_agent = agent
         return module
 

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,7 @@ from jaderl.integrations.lightning import (
     JaderlModule,
     SafetensorsCheckpointIO,
 )
+from jaderl.marl.base import TeamRewardWarning
 
 pytestmark = [pytest.mark.filterwarnings("ignore::UserWarning"),  # Lightning's tips on workers, loggers, devices
               pytest.mark.filterwarnings("ignore::DeprecationWarning")]
@@ -335,6 +337,21 @@ def test_multi_agent_algorithms_train_under_fit(algo: str, tmp_path: Path) -> No
     rows = csv_rows(trainer)
     assert len([r for r in rows if r.get("eval_return")]) == 2
     assert any(r.get("train/episode_return_per_agent") for r in rows)
+
+
+def test_load_from_checkpoint_does_not_repeat_trainings_warnings(tmp_path: Path) -> None:
+    """MAPPO on a game between teams warns when the run is built, as jaderl.load, not again when it is loaded."""
+    settings: dict[str, Any] = dict(num_envs=4, hidden=[16], total_steps=64, eval_every=64, eval_episodes=1,
+                                    device="cpu", seed=1, horizon=16, minibatch_size=32, num_epochs=1)
+    with pytest.warns(TeamRewardWarning):
+        model = JaderlModule("mappo", "jaderl/simple_tag", **settings)
+        trainer = lightning_trainer(tmp_path)
+        trainer.fit(model)
+    (saved,) = (Path(trainer.logger.log_dir) / "checkpoints").iterdir()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", TeamRewardWarning)
+        loaded = JaderlModule.load_from_checkpoint(saved)
+    assert loaded.agent.spec.num_agents == 4
 
 
 def test_bolts_names_take_bolts_keywords_and_pick_the_sac_variant() -> None:
