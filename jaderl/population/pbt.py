@@ -168,6 +168,10 @@ def pbt(algo: str, env: str, *, members: int = 8, period: int = 20_000, generati
     config = PBTSettings(algo, env, members, period, generations, seed, space_entries(space), quantile,
                          resample_probability, copy_buffer, resources, max_restarts, settings, period_s)
     check_not_fixed(config.space, settings)
+    if period_s is None and "total_steps" in settings:  # (member_settings would replace it without a word)
+        raise ConfigError(f"total_steps={settings['total_steps']!r} cannot be given to a population: each member "
+                          f"trains period * generations = {period * generations} env steps; drop it, or set --period "
+                          "and --generations")
     parsed = config.validate()
     pop_dir = population_dir(run_dir, "pbt", algo, env, seed)  # a file or a directory in use: refused before Ray
     with connected(address, num_cpus) as ray:  # an address that does not answer, or too few resources: no directory

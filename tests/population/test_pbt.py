@@ -477,6 +477,15 @@ def test_a_period_of_seconds_that_never_ends_is_refused() -> None:
             PBTSettings("ppo", ENV, period_s=period_s, settings=dict(TINY)).validate()
 
 
+def test_a_budget_in_env_steps_is_the_populations_own(tmp_path: Path) -> None:
+    """--set total_steps would be replaced by period * generations without a word: refused before anything starts
+    (with periods in seconds a member's total_steps still bounds it)."""
+    with pytest.raises(ConfigError, match=r"^total_steps=5000 cannot be given to a population: each member trains "
+                                          r"period \* generations = 40 env steps"):
+        pbt("ppo", ENV, members=2, period=20, generations=2, run_dir=str(tmp_path / "pop"), total_steps=5000, **TINY)
+    assert not (tmp_path / "pop").exists()
+
+
 def test_exploit_without_the_buffer_keeps_the_members_own_transitions(tmp_path: Path) -> None:
     """copy_buffer=False (an off-policy member): the copy takes its parent's networks but keeps its own replay
     buffer, whose newest episodes are cut where the parent's env state begins."""
