@@ -31,7 +31,7 @@ from jaderl.core.config import Config, ConfigError
 from jaderl.core.evaluator import BEST_POLICY, run_episodes
 from jaderl.core.loop import Trainer, TrainingError, TrainResult, resolve_device
 from jaderl.core.loop import train as train_loop
-from jaderl.envs import EnvError, make_env
+from jaderl.envs import EnvError, EnvSpec, make_env
 from jaderl.envs.atari import is_atari_id
 from jaderl.envs.stock import with_absolute_csv
 from jaderl.marl import MARL_ALGOS
@@ -245,10 +245,7 @@ def load(run_dir: str | Path, best: bool = True, device: str = "cpu") -> Agent:
         spec = env.spec  # agents are built from the env's description
     finally:
         env.close()
-    with warnings.catch_warnings():  # training said what it had to say about the run's settings
-        warnings.simplefilter("ignore", TeamRewardWarning)
-        agent = ALGOS[config.algo].agent_cls(config, spec, resolve_device(device))
-    mixed_precision(agent, warn=False)  # the networks compute as they did in training (config.precision)
+    agent = build_saved_agent(config, spec, resolve_device(device))
     if use_best:
         _load_best_policy(agent, best_path)
         if meta is not None:
@@ -327,6 +324,16 @@ def _load_checkpoint_agent(agent: Agent, run_dir: Path, meta: dict[str, Any], ha
         reason = (str(cause).splitlines() or [type(cause).__name__])[0]
         raise FileNotFoundError(f"{run_dir} holds no readable checkpoint: {tensor_path} is missing or damaged "
                                 f"({reason}); {fix}") from None
+
+
+def build_saved_agent(config: Config, spec: EnvSpec, device: torch.device) -> Agent:
+    """A new agent for a saved run's ``config``, computing as it did in training (``config.precision``), without
+    repeating the warnings its training gave about the run's settings; its state is loaded next."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", TeamRewardWarning)
+        agent = ALGOS[config.algo].agent_cls(config, spec, device)
+    mixed_precision(agent, warn=False)
+    return agent
 
 
 def load_saved_agent(agent: Agent, state: dict[str, Any]) -> None:

@@ -38,7 +38,6 @@ import json
 import math
 import os
 import time
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar
@@ -59,14 +58,12 @@ except ImportError:  # pragma: no cover - exercised only without the extra
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from jaderl.accel import mixed_precision
-from jaderl.api import ALGOS, load_saved_agent, make_config
+from jaderl.api import ALGOS, build_saved_agent, load_saved_agent, make_config
 from jaderl.core.agent import Agent
 from jaderl.core.checkpoint import finite_or_raise, flatten, unflatten
 from jaderl.core.config import Config, ConfigError
 from jaderl.core.loop import Trainer
 from jaderl.envs import TORCH_ENVS, make_env
-from jaderl.marl.base import TeamRewardWarning
 from jaderl.parallel.ddp import SEED_STRIDE, Learners, learner_config
 
 FORMAT = 1
@@ -209,12 +206,9 @@ class JaderlModule(pl.LightningModule):
             spec = probe.spec  # agents are built from the env's description
         finally:
             probe.close()
-        with warnings.catch_warnings():  # training said what it had to say about the run's settings
-            warnings.simplefilter("ignore", TeamRewardWarning)
-            agent = ALGOS[config.algo].agent_cls(config, spec, device)
+        agent = build_saved_agent(config, spec, device)
         finite_or_raise(checkpoint["jaderl"]["agent"]["networks"], str(checkpoint_path))
         load_saved_agent(agent, checkpoint["jaderl"]["agent"])  # (a reward normaliser's returns: the run's sub-envs)
-        mixed_precision(agent, warn=False)  # the networks compute as they did in training (config.precision)
         module._loaded_agent = agent
         return module
 
