@@ -55,7 +55,7 @@ from jaderl.core.config import Config, ConfigError
 from jaderl.core.loop import TrainingError, TrainResult, prepare_run_dir, resolve_device, train
 from jaderl.core.nets import ObsNorm
 from jaderl.envs.vec import EnvError
-from jaderl.parallel.exits import SIGTERM_EXIT, describe_exit, exit_on_sigterm, sigint_ignored
+from jaderl.parallel.exits import SIGTERM_EXIT, describe_exit, exit_on_sigterm, signals_ignored
 from jaderl.parallel.fusion import all_reduce_mean_, state_tensors
 
 SEED_STRIDE = 10_007
@@ -386,7 +386,7 @@ def train_ddp(config: Config, agent_cls: type[Agent], resume: bool = False,
                  for rank in range(config.learners)]
     setup_failed = False
     try:
-        with sigint_ignored():  # the learners inherit the ignored SIGINT from their first instruction
+        with signals_ignored(signal.SIGINT):  # the learners inherit the ignored SIGINT from their first instruction
             for p in processes:
                 p.start()
         return _watch(processes, messages, run_dir, progress)

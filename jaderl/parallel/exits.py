@@ -19,18 +19,20 @@ def exit_on_sigterm() -> None:
 
 
 @contextlib.contextmanager
-def sigint_ignored() -> Iterator[None]:
-    """Ignore SIGINT in the block (main thread only): processes started in it inherit the ignored disposition from
-    their first instruction (``spawn``, and the ``forkserver`` server, whose children restore the disposition it
-    started with), so a Ctrl-C sent to the whole process group while they start cannot end them."""
+def signals_ignored(*signums: signal.Signals) -> Iterator[None]:
+    """Ignore ``signums`` in the block (main thread only): processes started in it inherit the ignored dispositions
+    from their first instruction (``spawn``, and the ``forkserver`` server, whose children restore the disposition it
+    started with), so a signal sent to the whole process group while they start cannot end them. A child that
+    installs a handler of its own (:func:`exit_on_sigterm`) answers the signal from then on."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    previous = {signum: signal.signal(signum, signal.SIG_IGN) for signum in signums}
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def describe_exit(code: int) -> str:

@@ -50,7 +50,7 @@ from jaderl.core.agent import Agent
 from jaderl.core.config import Config, ConfigError
 from jaderl.core.loop import PeerError, Trainer, TrainingError, TrainResult
 from jaderl.envs import EnvSpec, make_env
-from jaderl.parallel.exits import describe_exit, exit_on_sigterm, sigint_ignored
+from jaderl.parallel.exits import describe_exit, exit_on_sigterm, signals_ignored
 
 POLL_S = 0.5
 """How often a waiting process checks on the others (seconds)."""
@@ -248,7 +248,10 @@ class _Pipeline:
             self.shared.policy[key].copy_(tensor)
         self.shared.steps.value = self.agent.steps  # the explorers start from it
         self.started = True
-        with sigint_ignored():  # a fork server started now ignores SIGINT, and so does every child from its start
+        # A fork server started now ignores SIGINT, and so does every child from its start (the learner decides);
+        # it ignores SIGTERM too, so that one sent to the whole process group stops each child (it reports
+        # SIGTERM_EXIT) and not the server, whose end would leave every child's exit code unknown (255).
+        with signals_ignored(signal.SIGINT, signal.SIGTERM):
             multiprocessing.forkserver.ensure_running()
         for process in self.processes.values():
             process.start()

@@ -175,6 +175,56 @@ def test_cli_ctrl_c_checkpoints_and_leaves_no_process(tmp_path: Path) -> None:
     assert not survivors, f"processes of the run's session still alive: {survivors}"
 
 
+@pytest.mark.parametrize("to", ["group", "children"])
+def test_cli_sigterm_to_the_process_group_is_named_and_checkpoints(to: str, tmp_path: Path) -> None:
+    """SIGTERM to the whole process group, as `kill -- -PGID` or a job scheduler sends it: each child stops and is
+    reported as stopped by SIGTERM (the fork server they came from ignores SIGTERM, so their exit codes stay known),
+    or the learner's own SIGTERM stops the run first as a Ctrl-C does; either way after a last checkpoint, with no
+    process left behind. ``children``: the SIGTERM reaches every process but the learner, as when the learner finds
+    its children gone before its own SIGTERM is handled."""
+    run_dir = tmp_path / "run"
+    command = [sys.executable, "-m", "jaderl.cli", "train", "sac", "Pendulum-v1", "--workers", "2",
+               "--total-steps", "1000000000", "--run-dir", str(run_dir), "--eval-every", "128", "--json",
+               "--set", "horizon=16", "--set", "warmup_steps=64", "--set", "hidden=[16,16]", "--device", "cpu"]
+    proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+
+    def session() -> list[int]:
+        found = subprocess.run(["pgrep", "-s", str(proc.pid)], capture_output=True, text=True).stdout.split()
+        return [int(pid) for pid in found]
+
+    try:
+        deadline = time.monotonic() + 60
+        while not ((run_dir / "metrics.csv").exists() and _rows(run_dir)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if to == "group":
+            os.killpg(proc.pid, signal.SIGTERM)
+        else:
+            for pid in session():
+                if pid != proc.pid:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    if proc.returncode == 1 or to == "children":  # a child's end was seen first
+        assert proc.returncode == 1, err
+        assert "was stopped by SIGTERM (sent from outside jaderl" in err, err
+        assert "exited with code 255" not in err and "the run was checkpointed at step" in err, err
+    else:  # the learner's own SIGTERM ended its step first
+        assert proc.returncode == 130, err
+        assert json.loads(out.splitlines()[-1])["stop_reason"] == "interrupted"
+    assert load_checkpoint(run_dir)["agent"]["counters"]["steps"] > 0
+    deadline = time.monotonic() + 5.0  # multiprocessing's resource tracker exits once it sees its parent gone
+    while survivors := session():
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert not survivors, f"processes of the run's session still alive: {survivors}"
+
+
 def test_ctrl_c_while_the_children_start_stops_the_run_as_usual(tmp_path: Path) -> None:
     """A Ctrl-C to the process group while the children start (here: while they import the script that started the
     run, before any jaderl code runs in them) ends none of them: they, and the fork server they come from, ignore
