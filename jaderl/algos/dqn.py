@@ -61,6 +61,14 @@ class DQN(OffPolicyAgent):
                                                            "epsilon_end": Hyperparameter(0.0, 0.2)}
     config: DQNConfig
 
+    @classmethod
+    def live_hyperparameters(cls, config: DQNConfig, spec: EnvSpec) -> dict[str, Hyperparameter]:
+        """The mutable hyperparameters that change training under ``config``: not ``epsilon_end`` when noisy layers
+        alone explore (``noisy`` with ``epsilon_start = epsilon_end = 0``, the ``noisy_dqn`` preset), where epsilon
+        stays 0."""
+        noisy_only = config.noisy and config.epsilon_start == 0 and config.epsilon_end == 0
+        return {k: h for k, h in cls.hyperparameters.items() if k != "epsilon_end" or not noisy_only}
+
     def __init__(self, config: DQNConfig, spec: EnvSpec, device: torch.device) -> None:
         super().__init__(config, spec, device)
         q_head = QNet(self.obs_dim, self.action_dim, config.hidden, config.dueling, config.noisy)

@@ -30,6 +30,7 @@ import warnings
 import torch
 
 from jaderl.algos.base import OnPolicyAgent, OnPolicyConfig
+from jaderl.core.agent import Hyperparameter
 from jaderl.core.buffers import RolloutBuffer
 from jaderl.core.config import param
 from jaderl.envs.vec import EnvSpec
@@ -73,6 +74,12 @@ class Reinforce(OnPolicyAgent):
     config_cls = ReinforceConfig
     compiled_methods = ("act", "explore_action")
     config: ReinforceConfig
+
+    @classmethod
+    def live_hyperparameters(cls, config: ReinforceConfig, spec: EnvSpec) -> dict[str, Hyperparameter]:
+        """The mutable hyperparameters that change training under ``config``: ``vf_coef`` only with a baseline
+        (without one there is no value loss to weigh)."""
+        return {k: h for k, h in cls.hyperparameters.items() if k != "vf_coef" or config.baseline}
 
     def __init__(self, config: ReinforceConfig, spec: EnvSpec, device: torch.device) -> None:
         super().__init__(config, spec, device)

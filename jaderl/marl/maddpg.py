@@ -37,6 +37,7 @@ from torch.nn import functional as F
 from jaderl.algos import AlgoSpec
 from jaderl.algos.nets import EnsembleQ
 from jaderl.algos.td3 import DDPG_PRESET, TD3, TD3Config
+from jaderl.core.agent import Hyperparameter
 from jaderl.core.config import ConfigError, param
 from jaderl.core.nets import mlp
 from jaderl.envs.vec import EnvSpec
@@ -81,6 +82,13 @@ class MADDPG(MultiAgent, TD3):
 
     config_cls = MADDPGConfig
     config: MADDPGConfig
+
+    @classmethod
+    def live_hyperparameters(cls, config: MADDPGConfig, spec: EnvSpec) -> dict[str, Hyperparameter]:
+        """The mutable hyperparameters that change training on ``spec``'s actions: discrete actions explore and
+        smooth the target by Gumbel-max samples, not by ``exploration_noise`` and ``target_noise``."""
+        noises = ("exploration_noise", "target_noise") if spec.is_discrete else ()
+        return {k: h for k, h in cls.hyperparameters.items() if k not in noises}
 
     def __init__(self, config: MADDPGConfig, spec: EnvSpec, device: torch.device) -> None:
         super().__init__(config, spec, device)

@@ -18,9 +18,11 @@ import math
 import os
 import shutil
 import socket
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
 from safetensors import safe_open
 
 from jaderl.api import ALGOS, make_config
@@ -86,12 +88,8 @@ class Member:
         """The Trainer's whole state (without the replay buffer unless ``include_buffer``) and the best policy this
         run saved (its tensors and metadata; None before its first evaluation), for another member."""
         state = self.trainer.state_dict()
-        best_path = self.trainer.run_dir / BEST_POLICY
-        best = None
-        if best_path.exists():
-            with safe_open(str(best_path), framework="pt") as f:
-                best = {k: f.get_tensor(k) for k in f.keys()}, dict(f.metadata() or {})  # noqa: SIM118
-        return {**state, "best_policy": best} | ({} if include_buffer else {"buffer": None})
+        return {**state, "best_policy": read_best_policy(self.trainer.run_dir)} | \
+            ({} if include_buffer else {"buffer": None})
 
     def exploit(self, state: dict[str, Any], hyperparameters: dict[str, float]) -> None:
         """Continue from another member's ``state`` (networks, optimizers, normalisers, counters, the env's state, its
@@ -102,11 +100,7 @@ class Member:
         own_env_rng = None if generator is None else generator.get_state()
         own_buffer = list(trainer.buffer.state_dict()) if state["buffer"] is None else None
         best, state = state.get("best_policy"), {k: v for k, v in state.items() if k != "best_policy"}
-        best_path = trainer.run_dir / BEST_POLICY  # the parent's best policy goes with its evaluation history
-        if best is not None:
-            save_tensors(best_path, *best)
-        else:
-            best_path.unlink(missing_ok=True)
+        write_best_policy(trainer.run_dir, best)  # the parent's best policy goes with its evaluation history
         trainer.load_state_dict(state if own_buffer is None else {**state, "buffer": own_buffer})
         if own_buffer is not None:  # its own transitions stay; their episodes end where the parent's begin
             trainer.buffer.load_state_dict(*own_buffer, cut_episodes=True)
@@ -146,6 +140,31 @@ class Standby(Member):
             gc.collect()
         Member.__init__(self, settings, hyperparameters)
         return os.getpid()
+
+
+BestPolicy = tuple[dict[str, torch.Tensor], dict[str, str]]
+"""A run's best policy as :data:`~jaderl.core.evaluator.BEST_POLICY` holds it: its tensors and its metadata (the
+step and the score of the evaluation it came from)."""
+
+
+def read_best_policy(run_dir: Path) -> BestPolicy | None:
+    """The best policy that ``run_dir`` saved (None before its first evaluation)."""
+    path = run_dir / BEST_POLICY
+    if not path.exists():
+        return None
+    with safe_open(str(path), framework="pt") as f:
+        return {k: f.get_tensor(k) for k in f.keys()}, dict(f.metadata() or {})  # noqa: SIM118
+
+
+def write_best_policy(run_dir: Path, best: BestPolicy | Sequence[Any] | None) -> None:
+    """Make ``best`` (from :func:`read_best_policy`, or its tensors and metadata as a list) the best policy of
+    ``run_dir``; None removes the one there (a run copied from one that has not evaluated yet)."""
+    path = run_dir / BEST_POLICY
+    if best is None:
+        path.unlink(missing_ok=True)
+    else:
+        tensors, metadata = best
+        save_tensors(path, tensors, metadata)
 
 
 def _node_id() -> str:

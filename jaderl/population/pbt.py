@@ -32,6 +32,7 @@ from jaderl.api import ALGOS, make_config
 from jaderl.core.config import Config, ConfigError
 from jaderl.core.loop import TrainingError, check_spec
 from jaderl.envs import make_env
+from jaderl.envs.vec import EnvSpec
 from jaderl.population.cluster import PopulationError, Resources, connected
 from jaderl.population.member import remote_member, remote_standby
 from jaderl.population.space import Space, check_not_fixed, explore, parse_space, sample, space_entries
@@ -86,7 +87,8 @@ class PBTSettings:
     seed: int = 0
     """member k trains with seed + k; the controller's choices use seed"""
     space: dict[str, str] = dataclasses.field(default_factory=dict)
-    """hyperparameter -> ``KIND:LOW:HIGH`` (empty: every mutable hyperparameter of the algorithm, whole range)"""
+    """hyperparameter -> ``KIND:LOW:HIGH`` (empty: every mutable hyperparameter of the algorithm that changes training
+    in the members' configuration, whole range)"""
     quantile: float = 0.25
     """the bottom fraction copies the top fraction (at least one member each)"""
     resample_probability: float = 0.25
@@ -114,8 +116,9 @@ class PBTSettings:
         if not 0 <= self.resample_probability <= 1:
             raise ConfigError(f"resample_probability={self.resample_probability} is out of range: it must be in [0, 1]")
         Resources.parse(self.resources)
-        check_fits([make_config(**self.member_settings(0, Path(".")))])
-        return parse_space(ALGOS[self.algo].agent_cls, self.space, fixed=self.settings)
+        config = make_config(**self.member_settings(0, Path(".")))
+        spec = check_fits([config])
+        return parse_space(ALGOS[self.algo].agent_cls, self.space, fixed=self.settings, config=config, spec=spec)
 
     def member_settings(self, k: int, pop_dir: Path) -> dict[str, Any]:
         """Config fields of member ``k``: its seed and run directory, evaluations at period ends (a run evaluates and
@@ -133,10 +136,10 @@ class PBTSettings:
         return "time_s", (generation + 1) * self.period_s
 
 
-def check_fits(configs: Sequence[Config]) -> None:
+def check_fits(configs: Sequence[Config]) -> EnvSpec:
     """Refuse in one sentence, before any member starts, an env that does not exist, an algorithm of ``configs``
     (members' configs of one env) that cannot train on it, or a game of opposing teams (simple_tag's predators and
-    prey), whose summed return, which ranks the members, does not rank policies."""
+    prey), whose summed return, which ranks the members, does not rank policies; returns the env's description."""
     env = make_env(configs[0].env, 1, "cpu")
     try:
         teams = ", ".join(dict.fromkeys(env.spec.teams))
@@ -146,6 +149,7 @@ def check_fits(configs: Sequence[Config]) -> None:
                               "`jaderl train`")
         for config in configs:
             check_spec(config, ALGOS[config.algo].agent_cls, env.spec)
+        return env.spec
     finally:
         env.close()
 
@@ -401,11 +405,19 @@ class _Controller:
 
     def _copy(self, parents: list[int], explored: dict[int, dict[str, float]]) -> None:
         """Each member in ``explored`` takes its parent's state (through the object store) and its new
-        hyperparameters, side by side; a child or parent that dies meanwhile is restarted and the copy made again."""
+        hyperparameters, side by side; a child or parent that dies meanwhile is restarted and the copy made again.
+        A parent's state goes into the object store once, for all of its children (again only after the parent's
+        process died and it was restarted)."""
         config, ray = self.config, self.ray
-        calls = [(k, self.actors[parents[k]].state.remote(config.copy_buffer), values)  # stay in the object store
-                 for k, values in explored.items()]
-        pending = {self.actors[k].exploit.remote(ref, values): k for k, ref, values in calls}
+        states: dict[int, tuple[Any, Any]] = {}  # parent -> (the actor that gave its state, the state's ref)
+
+        def state_of(parent: int) -> Any:
+            actor = self.actors[parent]
+            if parent not in states or states[parent][0] is not actor:  # (a restarted parent gives its state anew)
+                states[parent] = actor, actor.state.remote(config.copy_buffer)  # stays in the object store
+            return states[parent][1]
+
+        pending = {self.actors[k].exploit.remote(state_of(parents[k]), values): k for k, values in explored.items()}
         for ref, k in pending.items():
             while True:
                 try:
@@ -414,8 +426,7 @@ class _Controller:
                 except ray.exceptions.RayActorError:  # the child or its parent died: restart whichever did, copy again
                     self._describe(parents[k])  # (a parent restarts from the checkpoint it ended its period with)
                     self._describe(k)
-                    ref = self.actors[k].exploit.remote(self.actors[parents[k]].state.remote(config.copy_buffer),
-                                                        explored[k])
+                    ref = self.actors[k].exploit.remote(state_of(parents[k]), explored[k])
 
 
 def member_dir(pop_dir: Path, k: int) -> Path:

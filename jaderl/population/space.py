@@ -1,8 +1,9 @@
 """A population's search space: where each mutable hyperparameter is sampled from and how it is perturbed.
 
 A space maps hyperparameter names to a :class:`Dimension` each. By default it is the algorithm's own
-``Agent.hyperparameters`` (every one that ``--set`` does not give every member, over its whole valid range); a user
-narrows it with strings such as
+``Agent.hyperparameters`` that change training in the members' configuration (:func:`live_hyperparameters`: not
+REINFORCE's ``vf_coef`` without a baseline, say) and that ``--set`` does not give every member, each over its whole
+valid range; a user narrows it with strings such as
 
     lr=loguniform:1e-4:1e-2      gamma=uniform:0.95:0.999      clip_ratio=choice:0.1:0.2:0.3
 
@@ -19,7 +20,8 @@ from collections.abc import Collection
 from typing import Any
 
 from jaderl.core.agent import Agent, Hyperparameter
-from jaderl.core.config import ConfigError
+from jaderl.core.config import Config, ConfigError
+from jaderl.envs.vec import EnvSpec
 
 KINDS = ("loguniform", "uniform", "choice")
 
@@ -59,10 +61,22 @@ class Dimension:
 Space = dict[str, Dimension]
 
 
-def default_space(agent_cls: type[Agent]) -> Space:
-    """Every mutable hyperparameter of ``agent_cls`` over its valid range (log-uniform where it is marked log)."""
+def live_hyperparameters(agent_cls: type[Agent], config: Config, spec: EnvSpec) -> dict[str, Hyperparameter]:
+    """The mutable hyperparameters of ``agent_cls`` that change its training under ``config`` on an env described by
+    ``spec``: what the algorithm's ``live_hyperparameters(config, spec)`` returns where it defines one (REINFORCE
+    leaves out ``vf_coef`` without a baseline), otherwise all of them."""
+    live = getattr(agent_cls, "live_hyperparameters", None)
+    return dict(agent_cls.hyperparameters) if live is None else dict(live(config, spec))
+
+
+def default_space(agent_cls: type[Agent], config: Config | None = None, spec: EnvSpec | None = None) -> Space:
+    """Every mutable hyperparameter of ``agent_cls`` over its valid range (log-uniform where it is marked log); with
+    the members' ``config`` and the env's ``spec``, only those that change training there
+    (:func:`live_hyperparameters`)."""
+    hyperparameters = agent_cls.hyperparameters if config is None or spec is None else \
+        live_hyperparameters(agent_cls, config, spec)
     return {name: Dimension("loguniform" if h.log else "uniform", h.low, h.high)
-            for name, h in agent_cls.hyperparameters.items()}
+            for name, h in hyperparameters.items()}
 
 
 def parse_dimension(name: str, text: str, allowed: Hyperparameter | None) -> Dimension:
@@ -112,13 +126,14 @@ def space_entries(entries: list[str] | dict[str, str] | None) -> dict[str, str]:
 
 
 def parse_space(agent_cls: type[Agent], entries: list[str] | dict[str, str] | None,
-                fixed: Collection[str] = ()) -> Space:
+                fixed: Collection[str] = (), config: Config | None = None, spec: EnvSpec | None = None) -> Space:
     """The search space for ``agent_cls``: ``entries`` (``["lr=loguniform:1e-4:1e-2", ...]`` or a dict name ->
-    ``"loguniform:1e-4:1e-2"``), or the algorithm's own :func:`default_space` when there are none, less the
+    ``"loguniform:1e-4:1e-2"``), or the algorithm's own :func:`default_space` when there are none (with the members'
+    ``config`` and the env's ``spec``: only the hyperparameters that change training there), less the
     hyperparameters that every member is given (``fixed``: the names of ``--set``)."""
     pairs = space_entries(entries)
     if not pairs:
-        return {name: dim for name, dim in default_space(agent_cls).items() if name not in fixed}
+        return {name: dim for name, dim in default_space(agent_cls, config, spec).items() if name not in fixed}
     mutable = agent_cls.hyperparameters
     for name in pairs:
         if name not in mutable:

@@ -37,7 +37,7 @@ from jaderl.population.cluster import PopulationError, Resources, connected
 from jaderl.population.ensemble import fuse_runs
 from jaderl.population.member import remote_worker
 from jaderl.population.pbt import check_fits
-from jaderl.population.space import Space, check_not_fixed, explore, parse_space, sample
+from jaderl.population.space import Space, check_not_fixed, explore, parse_space, sample, space_entries
 from jaderl.population.store import copy_run, new_population_dir, population_dir, write_json
 
 STRATEGIES = ("best", "fuse", "fresh")
@@ -125,12 +125,16 @@ def tournament(algos: list[str] | str, env: str, *, pool: int = 4, period: int =
         raise ConfigError(f"fuse_top={fuse_top} is out of range: it must be <= leaderboard_size={leaderboard_size}, "
                           f"since a fused member averages entries of the leaderboard; {fix}")
     check_not_fixed(space, settings)
-    spaces = {a: parse_space(ALGOS[a].agent_cls, space, fixed=settings) for a in algos}
+    check_space_fits_every_algorithm(space, algos)
+    for a in algos:  # (a bad space is refused before the env is built)
+        parse_space(ALGOS[a].agent_cls, space, fixed=settings)
     fields = {f.name for a in algos for f in dataclasses.fields(ALGOS[a].agent_cls.config_cls)}
     if bad := sorted(set(settings) - fields):
         raise ConfigError(f"unknown setting {bad[0]!r}: none of {', '.join(algos)} has it")
     # the env exists, and every algorithm fits it and takes its settings, before any member starts
-    check_fits([make_config(**member_settings(a, env, settings, period, rounds, seed, Path("."))) for a in algos])
+    configs = {a: make_config(**member_settings(a, env, settings, period, rounds, seed, Path("."))) for a in algos}
+    spec = check_fits(list(configs.values()))
+    spaces = {a: parse_space(ALGOS[a].agent_cls, space, fixed=settings, config=configs[a], spec=spec) for a in algos}
     per_member = Resources.parse(resources)
     pop_dir = population_dir(run_dir, "tournament", "+".join(algos), env, seed)  # a file or one in use: before Ray
     with connected(address, num_cpus) as ray:  # an address that does not answer, or too few resources: no directory
@@ -143,6 +147,21 @@ def tournament(algos: list[str] | str, env: str, *, pool: int = 4, period: int =
         runner = _Tournament(ray, options, pop_dir, algos, env, spaces, settings, period, fuse_top,
                              strategy_weights, random.Random(seed), seed)
         return runner.run(pool, rounds, leaderboard_size, progress)
+
+
+def check_space_fits_every_algorithm(space: list[str] | dict[str, str] | None, algos: list[str]) -> None:
+    """Refuse in one sentence a ``space`` entry that one of several ``algos`` can change while it trains and another
+    cannot: every member of a tournament, of whichever algorithm, is searched over the whole space."""
+    mutable = {algo: ALGOS[algo].agent_cls.hyperparameters for algo in algos}
+    for name in space_entries(space):
+        having = [algo for algo in algos if name in mutable[algo]]
+        if having and (lacking := [algo for algo in algos if name not in mutable[algo]]):
+            one = len(having) == 1
+            raise ConfigError(f"--space {name}=... cannot be searched in this tournament: {lacking[0]} has no mutable "
+                              f"hyperparameter {name} (only {', '.join(having)} {'has' if one else 'have'} it), and "
+                              f"members of every algorithm are searched over the whole space; drop {name} from "
+                              f"--space, or run {' and '.join(having)} in a tournament of {'its' if one else 'their'} "
+                              "own")
 
 
 def member_settings(algo: str, env: str, settings: dict[str, Any], period: int, rounds: int, seed: int,

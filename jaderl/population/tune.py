@@ -10,9 +10,10 @@ searchers (ASHA, PB2, PBT, Optuna ...).
     }, tune_config=tune.TuneConfig(metric="eval_return", mode="max", scheduler=ASHAScheduler(), num_samples=8))
 
 Each iteration trains ``period`` env steps and reports ``eval_return`` (the evaluation at its end),
-``best_eval_return`` and ``env_steps``. A Tune checkpoint is the Trainer's whole state as jaderl writes it
-(safetensors + JSON, nothing pickled), so ``jaderl.load(CHECKPOINT_DIR, best=False)`` reads one too. Changing only
-the algorithm's mutable hyperparameters of a trial (Tune's PBT) happens in place, through
+``best_eval_return`` and ``env_steps``. A Tune checkpoint is the Trainer's whole state as jaderl writes it, with the
+run's best policy (safetensors + JSON, nothing pickled), so ``jaderl.load(CHECKPOINT_DIR, best=False)`` reads one too;
+a trial that restores another's checkpoint (Tune's PBT exploit) takes that trial's evaluations and best policy.
+Changing only the algorithm's mutable hyperparameters of a trial (Tune's PBT) happens in place, through
 ``Trainer.set_hyperparameters``, and a restored checkpoint keeps them. Importing this module needs Ray
 (``pip install 'jaderl[ray]'``).
 """
@@ -27,6 +28,7 @@ from jaderl.api import ALGOS, make_config
 from jaderl.core.checkpoint import CHECKPOINT_JSON, load_checkpoint, save_checkpoint
 from jaderl.core.loop import Trainer
 from jaderl.population.cluster import require_ray
+from jaderl.population.member import read_best_policy, write_best_policy
 
 require_ray()
 from ray import tune  # noqa: E402  (after the one-sentence check of the optional extra)
@@ -58,12 +60,20 @@ class JaderlTrainable(tune.Trainable):  # type: ignore[misc]
                 "env_steps": result.steps, "done": result.stop_reason in ("total_steps", "solved", "time_limit")}
 
     def save_checkpoint(self, checkpoint_dir: str) -> None:
-        save_checkpoint(checkpoint_dir, self.trainer.state_dict(), self.trainer.agent.steps)
+        """The Trainer's state with the run's best policy (``best_policy``: its tensors and metadata, None before the
+        first evaluation), which goes with the evaluation history to a trial that restores this checkpoint."""
+        state = {**self.trainer.state_dict(), "best_policy": read_best_policy(self.trainer.run_dir)}
+        save_checkpoint(checkpoint_dir, state, self.trainer.agent.steps)
 
     def load_checkpoint(self, checkpoint: Any) -> None:
         """Continue from ``checkpoint`` with this trial's hyperparameters: Tune's PBT sets the explored ones
-        (``reset_config``) before it restores the copied checkpoint, whose own values they replace."""
-        self.trainer.resume_from(load_checkpoint(checkpoint, self.trainer.device))
+        (``reset_config``) before it restores the copied checkpoint, whose own values they replace. The
+        checkpoint's best policy replaces the run's, as a copy in jaderl's own PBT takes its parent's, so the best
+        policy and the best score (``best_eval_return``) both come from the evaluations the checkpoint holds."""
+        state = load_checkpoint(checkpoint, self.trainer.device)
+        if "best_policy" in state:
+            write_best_policy(self.trainer.run_dir, state.pop("best_policy"))
+        self.trainer.resume_from(state)
 
     def reset_config(self, new_config: dict[str, Any]) -> bool:
         """Take a new config: in place when only mutable hyperparameters of the same trial change (Tune's PBT);

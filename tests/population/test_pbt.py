@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -159,6 +159,25 @@ def test_tournament_refuses_an_algorithm_that_cannot_train_on_the_env(no_ray: No
     assert err.strip() == ("jaderl: error: dqn cannot train on jaderl/Pendulum-v1: its actions are continuous; use "
                            "sac, td3 or ppo; run `jaderl algos` to see which algorithms fit")
     assert not (tmp_path / "t").exists()
+
+
+def test_tournament_refuses_a_space_key_that_one_of_its_algorithms_lacks(no_ray: None, tmp_path: Path,
+                                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """Members of every algorithm of a tournament are searched over the one --space: a key that ppo has and a2c (or
+    vpg, a preset of REINFORCE) lacks is refused before any member starts, naming the key and the algorithm as the
+    user wrote it."""
+    for algos, lacking in (("ppo,a2c", "a2c"), ("vpg,ppo", "vpg")):
+        err = _refused(["tournament", algos, ENV, "--space", "lr=loguniform:1e-4:1e-2", "--space",
+                        "clip_ratio=uniform:0.1:0.3", "--run-dir", str(tmp_path / "t")], capsys)
+        assert err.strip() == (f"jaderl: error: --space clip_ratio=... cannot be searched in this tournament: "
+                               f"{lacking} has no mutable hyperparameter clip_ratio (only ppo has it), and members of "
+                               "every algorithm are searched over the whole space; drop clip_ratio from --space, or "
+                               "run ppo in a tournament of its own")
+        assert not (tmp_path / "t").exists()
+    from jaderl.population import tournament
+
+    with pytest.raises(AssertionError, match="Ray was started"):  # a key every algorithm has is searched in each
+        tournament(["ppo", "a2c"], ENV, space=["ent_coef=uniform:0:0.05"], run_dir=str(tmp_path / "t"))
 
 
 def test_populations_refuse_a_game_of_opposing_teams(no_ray: None, tmp_path: Path,
@@ -411,6 +430,69 @@ def _simulated_generations(pop_dir: Path, generations: int) -> list[dict[str, st
     controller.lrs = [m["hyperparameters"]["lr"] for m in state["members"]]
     controller._generations(None, time.perf_counter())
     return _rows(pop_dir)
+
+
+def test_a_parent_of_several_children_puts_its_state_in_the_object_store_once() -> None:
+    """Two bottom members copy one top member: the parent's state is taken (and put in the object store) once and
+    both children get that one reference. A child whose process died copies the same reference again; a parent whose
+    process died gives its state anew once restarted, and its children copy that."""
+    from jaderl.population.pbt import _Controller
+
+    ActorError = type("ActorError", (Exception,), {})
+    states: list[tuple[int, bool]] = []  # (member, copy_buffer) of every state() call
+    taken: list[tuple[int, object]] = []  # (child, state reference) of every exploit that completed
+    dying: set[int] = set()  # members whose next exploit finds a process gone
+
+    class Method:
+        def __init__(self, remote: Callable[..., Any]) -> None:
+            self.remote = remote
+
+    class Actor:
+        def __init__(self, k: int) -> None:
+            def state(copy_buffer: bool) -> object:
+                states.append((k, copy_buffer))
+                return object()  # the reference
+
+            def exploit(ref: object, values: dict[str, float]) -> Callable[[], None]:
+                def run() -> None:
+                    if k in dying:
+                        dying.discard(k)
+                        raise ActorError
+                    taken.append((k, ref))
+                return run
+
+            self.state, self.exploit = Method(state), Method(exploit)
+
+    fake_ray = type("Ray", (), {"exceptions": type("exceptions", (), {"RayActorError": ActorError}),
+                                "get": staticmethod(lambda ref: ref())})()
+    controller = _Controller.__new__(_Controller)
+    controller.config, controller.ray = PBTSettings("ppo", ENV, members=5, copy_buffer=False), fake_ray
+    controller.actors = [Actor(k) for k in range(5)]
+    controller._describe = lambda k: {}  # type: ignore[method-assign]  # (every process alive)
+    explored = {2: {"lr": 1e-3}, 3: {"lr": 2e-3}, 4: {"lr": 3e-3}}
+    controller._copy([0, 1, 0, 0, 1], explored)
+    assert sorted(states) == [(0, False), (1, False)]  # once per parent, not once per child
+    refs = dict(taken)
+    assert refs[2] is refs[3] and refs[4] is not refs[2]
+
+    states.clear()
+    taken.clear()
+    dying.add(3)  # child 3's process dies: it copies the same reference again
+    controller._copy([0, 1, 0, 0, 1], explored)
+    assert sorted(states) == [(0, False), (1, False)] and len(taken) == 3 and dict(taken)[3] is dict(taken)[2]
+
+    states.clear()
+    taken.clear()
+    dying.add(2)  # parent 0's process died (it is restarted in a new actor): its state is taken from that one
+
+    def restarted(k: int) -> dict[str, Any]:
+        if k == 0:
+            controller.actors[0] = Actor(0)
+        return {}
+
+    controller._describe = restarted  # type: ignore[method-assign]
+    controller._copy([0, 1, 0, 0, 1], {2: explored[2]})
+    assert states == [(0, False), (0, False)] and len(taken) == 1
 
 
 def test_a_finished_population_trained_on_copies_as_if_it_had_never_stopped(tmp_path: Path) -> None:
@@ -896,6 +978,43 @@ def test_tune_pbt_keeps_the_explored_hyperparameters_and_trials_keep_their_run_d
         assert trainable.trainer.run_dir == Path(trainable.logdir) / "run" != again.trainer.run_dir
     finally:
         trainable.stop()
+
+
+def test_tune_pbt_exploit_carries_the_parents_best_policy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tune's PBT exploit: a trial restores another trial's checkpoint. As a copy in jaderl's own PBT, it takes the
+    parent's best policy with the parent's evaluation history, so its best-policy file and its best score are the
+    parent's (its own file used to stay, beside the parent's history and best score)."""
+    import ray.tune.trainable.trainable as trainable_module
+
+    from jaderl.population.tune import JaderlTrainable
+
+    monkeypatch.setattr(trainable_module, "DEFAULT_STORAGE_PATH", str(tmp_path))
+    config = {"algo": "ppo", "env": ENV, "period": 128, "lr": 1e-3, **TINY}
+    parent, child = JaderlTrainable(config=dict(config, seed=1)), JaderlTrainable(config=dict(config, seed=2))
+
+    def best_policy(trainable: JaderlTrainable) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+        with safe_open(str(trainable.trainer.run_dir / BEST_POLICY), framework="pt") as f:
+            return {k: f.get_tensor(k) for k in f.keys()}, dict(f.metadata() or {})  # noqa: SIM118
+
+    try:
+        parent.train()
+        child.train()
+        checkpoint = parent.save()
+        (tensors, meta), best = best_policy(parent), parent.trainer.best_return
+        child_tensors, _ = best_policy(child)
+        assert not all(torch.equal(tensors[k], child_tensors[k]) for k in tensors)  # (seeds 1 and 2 differ)
+        assert child.reset_config(dict(config, seed=2, lr=1.2e-3))
+        child.config = dict(config, seed=2, lr=1.2e-3)
+        child.restore(checkpoint)
+        copied, copied_meta = best_policy(child)
+        assert copied_meta == meta and float(meta["eval_return_mean"]) == best == child.trainer.best_return
+        assert copied.keys() == tensors.keys() and all(torch.equal(copied[k], tensors[k]) for k in tensors)
+        result = child.train()
+        assert result["best_eval_return"] >= best and child.trainer.agent.steps == 256
+        assert float(best_policy(child)[1]["eval_return_mean"]) == result["best_eval_return"]
+    finally:
+        parent.stop()
+        child.stop()
 
 
 def test_tune_trainable_under_asha(local_ray: None, tmp_path: Path) -> None:

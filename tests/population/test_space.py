@@ -4,14 +4,19 @@ from __future__ import annotations
 
 import math
 import random
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 from jaderl.algos.ppo import PPO
 from jaderl.algos.sac import SAC
+from jaderl.api import ALGOS, make_config
 from jaderl.core.config import ConfigError
+from jaderl.envs.vec import EnvSpec
 from jaderl.population.cluster import Resources
-from jaderl.population.space import Dimension, default_space, explore, parse_space, sample
+from jaderl.population.pbt import PBTSettings
+from jaderl.population.space import Dimension, default_space, explore, live_hyperparameters, parse_space, sample
 
 
 def test_default_space_is_the_algorithms_mutable_hyperparameters() -> None:
@@ -93,3 +98,62 @@ def test_without_ray_one_sentence_names_the_extra(monkeypatch: pytest.MonkeyPatc
     with pytest.raises(ConfigError, match=r"populations run on Ray, which is not installed; install it with "
                                           r"pip install 'jaderl\[ray\]'"):
         require_ray()
+
+
+@pytest.mark.parametrize(("algo", "env", "settings", "dead"), [
+    ("reinforce", "jaderl/CartPole-v1", {}, {"vf_coef"}),  # no baseline: no value loss to weigh
+    ("vpg", "jaderl/CartPole-v1", {}, set()),  # (REINFORCE with a baseline)
+    ("reinforce", "jaderl/CartPole-v1", {"baseline": True}, set()),
+    ("noisy_dqn", "jaderl/CartPole-v1", {}, {"epsilon_end"}),  # noisy layers alone explore: epsilon stays 0
+    ("dqn", "jaderl/CartPole-v1", {"noisy": True}, set()),  # noisy layers and epsilon-greedy
+    ("dqn", "jaderl/CartPole-v1", {}, set()),
+    ("maddpg", "jaderl/simple_spread", {}, {"exploration_noise", "target_noise"}),  # Gumbel-max samples explore
+    ("matd3", "jaderl/simple_spread", {}, {"exploration_noise", "target_noise"}),
+    ("maddpg", "jaderl/simple_spread?continuous=true", {}, set()),
+    ("matd3", "jaderl/simple_spread?continuous=true", {}, set()),
+])
+def test_default_space_leaves_out_hyperparameters_without_effect(algo: str, env: str, settings: dict[str, Any],
+                                                                 dead: set[str]) -> None:
+    """Without --space a population searches the mutable hyperparameters that change its members' training: PBT's
+    draws and perturbations of one that changes nothing in their configuration would be spent on nothing."""
+    agent_cls = ALGOS[algo].agent_cls
+    space = PBTSettings(algo, env, settings=dict(settings)).validate()
+    assert set(space) == set(agent_cls.hyperparameters) - dead
+    assert dead <= set(agent_cls.hyperparameters)
+    assert set(default_space(agent_cls)) == set(agent_cls.hyperparameters)  # (without a config: all of them)
+    for name in dead:  # named in --space, it is searched as before
+        bounds = agent_cls.hyperparameters[name]
+        explicit = PBTSettings(algo, env, space={name: f"uniform:{bounds.low}:{bounds.high}"},
+                               settings=dict(settings)).validate()
+        assert set(explicit) == {name}
+
+
+def test_a_tournament_searches_each_algorithms_live_hyperparameters(monkeypatch: pytest.MonkeyPatch,
+                                                                   tmp_path: Path) -> None:
+    """Several algorithms without --space: each member is searched over its own algorithm's hyperparameters that
+    change its training (reinforce without vf_coef, vpg with it)."""
+    import contextlib
+    import importlib
+
+    tournament_module = importlib.import_module("jaderl.population.tournament")  # (the package exports the function)
+
+    spaces: dict[str, dict[str, Any]] = {}
+
+    class Recorder:
+        def __init__(self, *args: Any) -> None:
+            spaces.update(args[5])
+
+        def run(self, *args: Any) -> None:
+            return None
+
+    ray = type("Ray", (), {"cluster_resources": staticmethod(lambda: {"CPU": 2.0})})()
+    monkeypatch.setattr(tournament_module, "connected", lambda *a: contextlib.nullcontext(ray))
+    monkeypatch.setattr(tournament_module, "_Tournament", Recorder)
+    tournament_module.tournament(["reinforce", "vpg"], "jaderl/CartPole-v1", pool=2, run_dir=str(tmp_path / "t"))
+    hyperparameters = set(ALGOS["reinforce"].agent_cls.hyperparameters)
+    assert set(spaces["reinforce"]) == hyperparameters - {"vf_coef"} and set(spaces["vpg"]) == hyperparameters
+
+
+def test_an_algorithm_without_its_own_live_hyperparameters_searches_all_of_them() -> None:
+    spec = EnvSpec(num_envs=1, obs_shape=(3,), is_discrete=True, action_dim=2)
+    assert live_hyperparameters(PPO, make_config("ppo", "jaderl/CartPole-v1"), spec) == PPO.hyperparameters
