@@ -76,6 +76,12 @@ class TD3(WithHTerm, OffPolicyAgent):
                                                            "target_noise": Hyperparameter(0.0, 1.0)}
     config: TD3Config
 
+    @classmethod
+    def live_hyperparameters(cls, config: TD3Config, spec: EnvSpec) -> dict[str, Hyperparameter]:
+        """The mutable hyperparameters that a population searches under ``config``: not ``target_noise`` where it is
+        0 (DDPG): perturbing 0 leaves it 0, and a fresh draw would turn DDPG's target into TD3's smoothed one."""
+        return {k: h for k, h in cls.hyperparameters.items() if k != "target_noise" or config.target_noise > 0}
+
     def __init__(self, config: TD3Config, spec: EnvSpec, device: torch.device) -> None:
         super().__init__(config, spec, device)
         self.actor = nn.Sequential(mlp([self.obs_dim, *config.hidden, self.action_dim]), nn.Tanh()).to(device)

@@ -85,10 +85,10 @@ class MADDPG(MultiAgent, TD3):
 
     @classmethod
     def live_hyperparameters(cls, config: MADDPGConfig, spec: EnvSpec) -> dict[str, Hyperparameter]:
-        """The mutable hyperparameters that change training on ``spec``'s actions: discrete actions explore and
-        smooth the target by Gumbel-max samples, not by ``exploration_noise`` and ``target_noise``."""
+        """TD3's (no ``target_noise`` for MADDPG), and on discrete actions, which explore and smooth the target by
+        Gumbel-max samples, neither ``exploration_noise`` nor ``target_noise``."""
         noises = ("exploration_noise", "target_noise") if spec.is_discrete else ()
-        return {k: h for k, h in cls.hyperparameters.items() if k not in noises}
+        return {k: h for k, h in super().live_hyperparameters(config, spec).items() if k not in noises}
 
     def __init__(self, config: MADDPGConfig, spec: EnvSpec, device: torch.device) -> None:
         super().__init__(config, spec, device)

@@ -109,8 +109,10 @@ def test_without_ray_one_sentence_names_the_extra(monkeypatch: pytest.MonkeyPatc
     ("dqn", "jaderl/CartPole-v1", {}, set()),
     ("maddpg", "jaderl/simple_spread", {}, {"exploration_noise", "target_noise"}),  # Gumbel-max samples explore
     ("matd3", "jaderl/simple_spread", {}, {"exploration_noise", "target_noise"}),
-    ("maddpg", "jaderl/simple_spread?continuous=true", {}, set()),
+    ("maddpg", "jaderl/simple_spread?continuous=true", {}, {"target_noise"}),  # 0: no target smoothing
     ("matd3", "jaderl/simple_spread?continuous=true", {}, set()),
+    ("ddpg", "jaderl/Pendulum-v1", {}, {"target_noise"}),  # a draw of it would smooth DDPG's target as TD3 does
+    ("td3", "jaderl/Pendulum-v1", {}, set()),
 ])
 def test_default_space_leaves_out_hyperparameters_without_effect(algo: str, env: str, settings: dict[str, Any],
                                                                  dead: set[str]) -> None:
