@@ -31,8 +31,9 @@ so seeds do not reproduce Gymnasium's initial states (use :meth:`set_state` for 
 ``[-1, 1]`` and becomes the torque ``2 * clip(action, -1, 1)``, which equals Gymnasium's ``clip(torque, -2, 2)``;
 observations are in the env's ``dtype`` (Gymnasium: float32) while rewards are float32; finished sub-envs reset
 themselves inside ``step`` with ``info["final_obs"]`` holding the observation they reached (see
-:mod:`jaderl.envs.vec`); and NaN, infinite or out-of-range discrete actions raise :class:`EnvError` (on the CPU;
-with ``sync_free`` they are not checked, see there).
+:mod:`jaderl.envs.vec`); NaN, infinite, out-of-range or non-integral (``0.7``) discrete actions raise
+:class:`EnvError` (on the CPU; with ``sync_free`` they are not checked, see there); and actions may also be a list or
+NumPy array of numbers, converted to a tensor on the env's device (anything else is refused in one sentence).
 """
 
 from __future__ import annotations
@@ -41,7 +42,14 @@ import math
 
 import torch
 
-from jaderl.envs.vec import NONFINITE_ACTIONS, EnvError, VecEnv, discrete_action_error
+from jaderl.envs.vec import (
+    NONFINITE_ACTIONS,
+    EnvError,
+    VecEnv,
+    as_action_tensor,
+    discrete_action_error,
+    non_integral_action_error,
+)
 
 __all__ = [
     "MORE_TORCH_ENVS",
@@ -93,12 +101,12 @@ class _TorchClassicEnv(VecEnv):
         self.sync_free = self.device.type != "cpu"
         """``True`` (the default on a GPU): ``step`` never reads a tensor's value on the host, so it resets finished
         sub-envs by masking, drawing initial states for all of them every step, and does not check the actions (a NaN
-        action makes that sub-env's state NaN until it resets; an out-of-range discrete action is clamped, and
-        CartPole pushes left for anything but 1). ``False`` (the default on the CPU, where such a read costs
-        nothing): a step in which no sub-env finished skips the draw, the mask and the second observation, 1.5x to 2x
-        faster for Pendulum at 4,096 envs, and NaN, infinite or out-of-range actions raise :class:`EnvError` before
-        anything moves. The two draw from the generator at different times, so the same seed gives different initial
-        states after the first auto-reset."""
+        action makes that sub-env's state NaN until it resets; an out-of-range discrete action is clamped, a
+        non-integral one is used as it is, and CartPole pushes left for anything but 1). ``False`` (the default on
+        the CPU, where such a read costs nothing): a step in which no sub-env finished skips the draw, the mask and
+        the second observation, 1.5x to 2x faster for Pendulum at 4,096 envs, and NaN, infinite, out-of-range or
+        non-integral discrete actions raise :class:`EnvError` before anything moves. The two draw from the generator
+        at different times, so the same seed gives different initial states after the first auto-reset."""
         # True until the first step/reset/set_state: the first reset() without a seed then keeps the initial state
         # drawn here, so ``Env(seed=s).reset()`` and ``Env().reset(seed=s)`` give the same states.
         self._fresh = True
@@ -196,7 +204,10 @@ class _TorchClassicEnv(VecEnv):
         return self._observe(), terminated, truncated, {"final_obs": final_obs}
 
     def _action(self, action: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
-        """``action`` as a ``(num_envs,)`` tensor on the env's device (no copy when it already is one)."""
+        """``action`` as a ``(num_envs,)`` tensor on the env's device (no copy when it already is one; a list or NumPy
+        array is converted)."""
+        if not isinstance(action, torch.Tensor):
+            action = as_action_tensor(action, self.device, type(self).__name__)
         if action.numel() != self.num_envs:
             raise EnvError(
                 f"expected {self.num_envs} actions (one per sub-env), got a tensor of shape {tuple(action.shape)}"
@@ -206,14 +217,19 @@ class _TorchClassicEnv(VecEnv):
         return action.reshape(self.num_envs).to(device=self.device, dtype=dtype)
 
     def _check_action(self, action: torch.Tensor) -> None:
-        """Refuse NaN or infinite actions, and discrete ones outside ``0 .. action_dim - 1``, in one sentence.
+        """Refuse NaN or infinite actions, and discrete ones outside ``0 .. action_dim - 1`` or not whole numbers
+        (float actions such as ``0.7``), in one sentence.
 
         It reads the actions' extremes on the host, so ``step`` calls it only without ``sync_free``.
         """
         low, high = (x.item() for x in torch.aminmax(action))
         if not (math.isfinite(low) and math.isfinite(high)):
             raise EnvError(NONFINITE_ACTIONS)
-        if self.is_discrete and (low < 0 or high >= self.action_dim):
+        if not self.is_discrete:
+            return
+        if action.is_floating_point() and not bool((whole := action == action.trunc()).all()):
+            raise non_integral_action_error(type(self).__name__, action[~whole][0].item())
+        if low < 0 or high >= self.action_dim:
             raise discrete_action_error(type(self).__name__, self.action_dim, low, high)
 
     def __repr__(self) -> str:

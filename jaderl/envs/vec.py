@@ -13,8 +13,10 @@ An env with a random stream of its own keeps it in ``generator`` (a ``torch.Gene
 and :meth:`VecEnv.set_rng_state` restores it.
 
 Bad actions are refused with an :class:`EnvError` where that costs no host-device synchronisation: NaN or infinite
-actions, discrete actions outside ``0 .. action_dim - 1``, and a number of actions other than one per sub-env.
-Continuous actions beyond ``[-1, 1]`` are clipped.
+actions, discrete actions outside ``0 .. action_dim - 1`` or given as floats that are not whole numbers (``0.7``),
+and a number of actions other than one per sub-env. Continuous actions beyond ``[-1, 1]`` are clipped. The
+single-agent torch-native and Gymnasium envs also take a list or NumPy array of numbers as actions (converted to a
+tensor on ``env.device``) and refuse anything else in one sentence.
 """
 
 from __future__ import annotations
@@ -71,6 +73,30 @@ def discrete_action_error(env_name: str, num_actions: int, low: float, high: flo
     """The one-sentence error for discrete actions outside ``0 .. num_actions - 1``."""
     return EnvError(f"{env_name} takes discrete actions 0 to {num_actions - 1}, got actions from {low:g} to {high:g}; "
                     f"give the agent {num_actions} actions (the env's action_dim)")
+
+
+def non_integral_action_error(env_name: str, value: float) -> EnvError:
+    """The one-sentence error for a discrete action that is not a whole number (``0.7``)."""
+    return EnvError(f"{env_name} takes discrete actions as whole numbers, got {value:g}; pass integer actions (an "
+                    "int64 tensor, as the agent's argmax or sample gives)")
+
+
+def as_action_tensor(action: Any, device: torch.device, env_name: str) -> torch.Tensor:
+    """``action`` as a tensor: a tensor as it is, a list, tuple, NumPy array or number converted to one on
+    ``device``; anything that is not numbers (text, ragged lists, complex numbers) raises a one-sentence
+    :class:`EnvError` naming the types an env takes."""
+    if isinstance(action, torch.Tensor):
+        return action
+    try:
+        tensor = torch.as_tensor(action, device=device)
+    except (TypeError, ValueError, RuntimeError) as exc:
+        problem = error_line(exc).partition(". ")[0]  # (NumPy's refusal goes on to list every dtype it takes)
+    else:
+        if not tensor.is_complex():
+            return tensor
+        problem = "complex numbers"
+    raise EnvError(f"{env_name} cannot read actions from a {type(action).__name__} ({problem}); pass a torch.Tensor, "
+                   "or a NumPy array or list of real numbers")
 
 
 class FiniteWatch:
@@ -296,8 +322,9 @@ class GymnasiumSpaces(VecEnv):
 
     def _env_actions(self, action: torch.Tensor) -> np.ndarray:
         """Discrete actions ``0 .. action_dim - 1`` as the space's integers ``(N,)``; Box actions ``(N, action_dim)``
-        clipped to [-1, 1] and rescaled to the space's bounds. Bad actions raise a one-sentence :class:`EnvError`."""
-        act = action.detach().cpu().numpy()
+        clipped to [-1, 1] and rescaled to the space's bounds (a list or NumPy array is read as a tensor). Bad
+        actions, non-integral discrete ones included, raise a one-sentence :class:`EnvError`."""
+        act = as_action_tensor(action, torch.device("cpu"), "the env").detach().cpu().numpy()
         size = self.num_envs * (1 if self.is_discrete else self.action_dim)
         if act.size != size:
             each = "" if self.is_discrete else f" of {self.action_dim} values"
@@ -307,6 +334,8 @@ class GymnasiumSpaces(VecEnv):
             raise EnvError(NONFINITE_ACTIONS)
         if self.is_discrete:
             act = act.reshape(self.num_envs)
+            if act.dtype.kind == "f" and not (whole := act == np.trunc(act)).all():  # 0.7 is no action
+                raise non_integral_action_error("the env", float(act[~whole][0]))
             if act.min() < 0 or act.max() >= self.action_dim:
                 raise discrete_action_error("the env", self.action_dim, act.min(), act.max())
             return act.astype(np.int64) + self._discrete_start

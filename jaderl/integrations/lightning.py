@@ -13,8 +13,9 @@ as ``jaderl train`` runs it:
 * one training batch is one or more jaderl iterations (``Trainer.step()``: explore ``horizon`` steps in each of
   ``num_envs`` sub-envs, store, update), enough to explore at least 32 env steps unless ``iterations_per_batch``
   says; ``global_step`` counts batches, so ``max_steps`` bounds them;
-* one epoch is one evaluation period (``eval_every`` env steps); each epoch ends with a deterministic evaluation
-  logged as ``eval_return`` (and ``best_eval_return``), which ``ModelCheckpoint`` and ``EarlyStopping`` can monitor;
+* one epoch is one evaluation period (``eval_every`` env steps, or ``limit_train_batches`` batches when that is
+  fewer); each epoch ends with a deterministic evaluation logged as ``eval_return`` (and ``best_eval_return``), which
+  ``ModelCheckpoint`` and ``EarlyStopping`` can monitor;
 * the update's statistics (``loss/critic`` ...), ``env_steps`` and the training episodes' returns go through
   ``self.log``, so every Lightning logger records them;
 * the agent owns its optimizers (manual optimization); they are also returned by ``configure_optimizers``;
@@ -239,8 +240,14 @@ class JaderlModule(pl.LightningModule):
 
     @property
     def batches_per_epoch(self) -> int:
-        """Training batches per epoch: one evaluation period of ``eval_every`` env steps."""
-        return max(1, math.ceil(self.config.eval_every / (self.env_steps_per_iteration * self.iterations_per_batch)))
+        """Training batches per epoch: one evaluation period of ``eval_every`` env steps, or fewer when the Lightning
+        Trainer's ``limit_train_batches`` is a smaller whole number (every epoch then has that many batches and
+        ends with an evaluation)."""
+        period = max(1, math.ceil(self.config.eval_every / (self.env_steps_per_iteration * self.iterations_per_batch)))
+        limit = self._trainer.limit_train_batches if self._trainer is not None else None
+        if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0:
+            return min(period, limit)
+        return period
 
     def setup(self, stage: str) -> None:
         """Build the jaderl Trainer on Lightning's device (a data-parallel learner under DDP)."""
@@ -427,7 +434,16 @@ class _BoltsModule(JaderlModule):
     BOLTS_KEYWORDS: ClassVar[dict[str, str]] = {"learning_rate": "lr", "gamma": "gamma", "seed": "seed"}
 
     def __init__(self, env: str, **settings: Any) -> None:
-        translated = {self.BOLTS_KEYWORDS.get(k, k): v for k, v in settings.items()}
+        translated: dict[str, Any] = {}
+        given_as: dict[str, str] = {}  # jaderl setting -> the keyword that set it first
+        for key, value in settings.items():
+            name = self.BOLTS_KEYWORDS.get(key, key)
+            if name in translated and translated[name] != value:
+                raise ConfigError(f"{type(self).__name__} got {given_as[name]}={translated[name]!r} and "
+                                  f"{key}={value!r}, which both set jaderl's one {name!r} setting; give them the "
+                                  "same value or pass only one")
+            translated[name] = value
+            given_as.setdefault(name, key)
         super().__init__(self.algo_for(_env_id(env)), _env_id(env), **{**self.PRESET, **translated})
 
     @classmethod
@@ -502,12 +518,17 @@ class AdvantageActorCritic(_BoltsModule):
 
 
 class SAC(_BoltsModule):
-    """Soft Actor-Critic: jaderl ``sac`` on continuous actions, ``sac_discrete`` on discrete ones."""
+    """Soft Actor-Critic: jaderl ``sac`` on continuous actions, ``sac_discrete`` on discrete ones.
+
+    Bolts' ``policy_learning_rate`` and ``q_learning_rate`` both set jaderl's ``lr``, the one learning rate of the
+    actor, the critics and the entropy coefficient: either alone sets it for all three, and both together must be
+    equal (differing rates are refused)."""
 
     ALGO = "sac"
     BOLTS_KEYWORDS: ClassVar[dict[str, str]] = {
-        **_BoltsModule.BOLTS_KEYWORDS, "batch_size": "batch_size", "replay_size": "buffer_size",
-        "warm_start_size": "warmup_steps", "target_alpha": "tau"}
+        **_BoltsModule.BOLTS_KEYWORDS, "policy_learning_rate": "lr", "q_learning_rate": "lr",
+        "batch_size": "batch_size", "replay_size": "buffer_size", "warm_start_size": "warmup_steps",
+        "target_alpha": "tau"}
 
     @classmethod
     def algo_for(cls, env: str) -> str:

@@ -334,3 +334,33 @@ def test_cuda_without_cuda_is_one_sentence(env_id: str) -> None:
 def test_options_on_a_gymnasium_id_are_refused_in_one_sentence(workers: int) -> None:
     with pytest.raises(EnvError, match=r"^Gymnasium ids take no \?options \('CartPole-v1\?sutton_barto_reward=true'\)"):
         make_env("CartPole-v1?sutton_barto_reward=true", 2, workers=workers)
+
+
+@pytest.mark.parametrize("cls", [PendulumEnv, CartPoleEnv, *CLASSES])
+def test_lists_and_numpy_actions_are_read_and_non_integral_discrete_ones_refused(cls: type) -> None:
+    """A list or NumPy array of actions steps as the same tensor would; a float discrete action that is not a whole
+    number (0.7) is refused in one sentence before anything moves (not truncated), a float one that is (1.0) is
+    taken; what is not numbers is refused in one sentence naming what the env takes."""
+    n = 2
+    env = cls(n, dtype=torch.float64, seed=0)
+    env.reset()
+    before, steps = env.state, env.elapsed_steps.clone()
+    values = [0, 1] if env.is_discrete else [[0.5], [-0.25]]
+    want = env.step(torch.tensor(values))
+    for action in (values, np.array(values), tuple(values)):
+        env.set_state(before, elapsed_steps=steps)
+        got = env.step(action)
+        assert all(torch.equal(a, b) for a, b in zip(got[:4], want[:4], strict=True)), action
+    if env.is_discrete:
+        env.set_state(before, elapsed_steps=steps)
+        assert all(torch.equal(a, b) for a, b in zip(env.step(torch.tensor([0.0, 1.0]))[:4], want[:4], strict=True))
+        env.set_state(before, elapsed_steps=steps)
+        for action in (torch.tensor([0.7, 1.5]), [0.7, 1.0], np.array([1.0, 0.5])):
+            with pytest.raises(EnvError, match=rf"^{cls.__name__} takes discrete actions as whole numbers, got "
+                                               r"0\.[57]; pass integer actions \(an int64 tensor"):
+                env.step(action)
+        assert torch.equal(env.state, before) and torch.equal(env.elapsed_steps, steps)  # nothing moved
+    for junk in (["left", "right"], [[0], [1, 0]], None, [1j, 2j], np.array(["a", "b"])):
+        with pytest.raises(EnvError, match=rf"^{cls.__name__} cannot read actions from a \w+ \([^)]*\)+; pass a "
+                                           r"torch\.Tensor, or a NumPy array or list of real numbers$"):
+            env.step(junk)

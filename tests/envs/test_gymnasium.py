@@ -134,3 +134,33 @@ def test_a_space_gymnasium_cannot_flatten_gets_no_wrapper_advice() -> None:
     with pytest.raises(EnvError) as info:
         GymnasiumVecEnv(Texts())
     assert str(info.value).endswith("is not supported: jaderl needs a Box observation space")
+
+
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
+def test_lists_and_numpy_actions_are_read_and_non_integral_discrete_ones_refused(env_id: str) -> None:
+    """make_env's Gymnasium adapter steps a list or NumPy array of actions as the same tensor; a float discrete action
+    that is not a whole number is refused in one sentence (not truncated to an int), one that is (1.0) is taken;
+    what is not numbers is refused in one sentence naming what the env takes."""
+    env = make_env(env_id, 2)
+    try:
+        values = [0, 1] if env.is_discrete else [[0.5], [-0.25]]
+        env.reset(seed=3)
+        want = env.step(torch.tensor(values))
+        actions: list[Any] = [values, np.array(values)]
+        if env.is_discrete:
+            actions.append(torch.tensor([0.0, 1.0]))
+        for action in actions:
+            env.reset(seed=3)
+            got = env.step(action)
+            assert all(torch.equal(a, b) for a, b in zip(got[:4], want[:4], strict=True)), action
+        if env.is_discrete:
+            for action in (torch.tensor([0.7, 1.5]), [1.0, 0.5]):
+                with pytest.raises(EnvError, match=r"^the env takes discrete actions as whole numbers, got 0\.[57]; "
+                                                   r"pass integer actions \(an int64 tensor"):
+                    env.step(action)
+        for junk in (["left", "right"], None, np.array(["a", "b"])):
+            with pytest.raises(EnvError, match=r"^the env cannot read actions from a \w+ \([^)]*\); pass a "
+                                               r"torch\.Tensor, or a NumPy array or list of real numbers$"):
+                env.step(junk)
+    finally:
+        env.close()

@@ -27,8 +27,10 @@ from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 from safetensors import safe_open
 
+from jaderl.api import build_saved_agent
 from jaderl.core.config import Config, ConfigError
 from jaderl.core.loop import Trainer
+from jaderl.envs import make_env
 from jaderl.integrations.lightning import (
     BOLTS_NAMES,
     DQN,
@@ -92,6 +94,31 @@ def test_fit_logs_metrics_and_stops_at_the_budget(tmp_path: Path) -> None:
     assert loaded.agent.predict(obs) == model.agent.predict(obs)
     with pytest.raises(ConfigError, match="trained already"):  # a run goes on through a checkpoint, not a 2nd fit
         lightning_trainer(tmp_path / "again").fit(model)
+
+
+def test_limit_train_batches_makes_every_epoch_that_many_batches_each_ending_with_an_evaluation(
+        tmp_path: Path) -> None:
+    """An epoch of Trainer(limit_train_batches=3) is 3 batches, the 3rd epoch as the 1st: the position in the epoch
+    is counted in Lightning's epochs, not in evaluation periods of 7 batches that Lightning never runs whole."""
+    model = JaderlModule("dqn", "jaderl/CartPole-v1", **TINY_DQN)
+    positions: list[tuple[int, int]] = []
+    train = model.training_step
+
+    def recorded(batch: Any, batch_idx: int) -> None:
+        positions.append((model.current_epoch, int(batch)))
+        train(batch, batch_idx)
+
+    model.training_step = recorded  # type: ignore[method-assign]
+    trainer = lightning_trainer(tmp_path, max_epochs=3, limit_train_batches=3)
+    trainer.fit(model)
+    assert model.batches_per_epoch == 3
+    assert positions == [(epoch, batch) for epoch in range(3) for batch in range(3)]
+    assert trainer.global_step == 9 and model.agent.steps == 9 * 32 and model.stop_reason == ""
+    evals = [float(r["eval_return"]) for r in csv_rows(trainer) if r.get("eval_return")]
+    with open(Path(trainer.logger.log_dir) / "jaderl-run" / "metrics.csv") as f:
+        jaderl_rows = list(csv.DictReader(f))
+    assert [int(r["step"]) for r in jaderl_rows] == [96, 192, 288]  # one evaluation at the end of every epoch
+    assert [float(r["eval_return_mean"]) for r in jaderl_rows] == pytest.approx(evals)
 
 
 def test_a_run_dir_given_as_a_path_is_checkpointed(tmp_path: Path) -> None:
@@ -362,6 +389,27 @@ def test_bolts_names_take_bolts_keywords_and_pick_the_sac_variant() -> None:
     assert BOLTS_NAMES["SAC"]("CartPole-v1").config.algo == "sac_discrete"
     assert DQN("Acrobot-v1").config.env == "jaderl/Acrobot-v1"
     assert DQN("LunarLander-v3").config.env == "LunarLander-v3"  # no torch twin: Gymnasium's own
+
+
+def test_bolts_sac_learning_rates_reach_the_optimizers_and_differing_ones_are_refused() -> None:
+    """Bolts' SAC has policy_learning_rate and q_learning_rate; jaderl's SAC has one lr for actor, critics and
+    alpha: either keyword sets it, both must agree, and no keyword is dropped silently."""
+    for settings in (dict(policy_learning_rate=1e-3), dict(q_learning_rate=1e-3),
+                     dict(policy_learning_rate=1e-3, q_learning_rate=1e-3)):
+        model = BOLTS_NAMES["SAC"]("Pendulum-v1", **settings)
+        assert model.config.lr == 1e-3, settings
+        assert type(model)(**model.hparams).config == model.config  # the hyperparameters rebuild the module
+        probe = make_env(model.config.env, 1)
+        agent = build_saved_agent(model.config, probe.spec, torch.device("cpu"))
+        probe.close()
+        rates = {name: [group["lr"] for group in opt.param_groups] for name, opt in agent.optimizers().items()}
+        assert rates and all(lr == [1e-3] for lr in rates.values()), rates
+    with pytest.raises(ConfigError, match=r"^SAC got policy_learning_rate=0\.001 and q_learning_rate=0\.0003, which "
+                                          r"both set jaderl's one 'lr' setting; give them the same value or pass "
+                                          r"only one$"):
+        BOLTS_NAMES["SAC"]("Pendulum-v1", policy_learning_rate=1e-3, q_learning_rate=3e-4)
+    with pytest.raises(ConfigError, match=r"^DQN got learning_rate=0\.001 and lr=0\.002, which both set"):
+        DQN("CartPole-v1", learning_rate=1e-3, lr=2e-3)
 
 
 def test_a_missing_lightning_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
