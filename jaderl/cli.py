@@ -20,6 +20,7 @@ import os
 import sys
 import time
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -58,6 +59,11 @@ TRAIN_FLAGS = {"seed": whole_number, "num_envs": whole_number, "total_steps": wh
 
 
 class _Parser(argparse.ArgumentParser):
+    """jaderl's parsers: whole flags only (``--total`` is not taken for ``--total-steps``), errors in one line."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **{**kwargs, "allow_abbrev": False})
+
     def error(self, message: str) -> NoReturn:
         _fail(f"{message} (see `{self.prog} --help`)")
 
@@ -259,6 +265,33 @@ class ProgressPrinter:
         self.last_print, self.last_eval = 0.0, math.nan
         self.start, self.start_steps = time.perf_counter(), None
         self.header = header  # printed above the first progress line (so an error before it stays one line)
+        self.held: list[str] = []  # warnings given while the header waits, printed below it
+
+    @contextlib.contextmanager
+    def warnings_below_header(self) -> Iterator[None]:
+        """Hold the warnings the block gives before the header is printed (those about the config it describes)
+        until the header is; whatever is still held prints when the block ends (before an error's line)."""
+        show = warnings.showwarning
+
+        def hold(message: Warning | str, category: type[Warning], filename: str, lineno: int, file: Any = None,
+                 line: str | None = None) -> None:
+            if self.header:
+                self.held.append(warnings.formatwarning(message, category, filename, lineno, line))
+            else:
+                show(message, category, filename, lineno, file, line)
+
+        warnings.showwarning = hold
+        try:
+            yield
+        finally:
+            warnings.showwarning = show
+            self._print_held()
+
+    def _print_held(self) -> None:
+        """Print the warnings held so far, in the order they were given."""
+        for text in self.held:
+            print(text, end="", file=sys.stderr, flush=True)
+        self.held.clear()
 
     def __call__(self, info: dict[str, Any]) -> None:
         now = time.perf_counter()
@@ -276,6 +309,7 @@ class ProgressPrinter:
         if self.header:
             print(self.header, file=sys.stderr, flush=True)
             self.header = ""
+            self._print_held()
         if self.live:
             print(f"\r{line}", end="\n" if info["done"] else "", file=sys.stderr, flush=True)
         elif new_eval or info["done"]:
@@ -338,7 +372,9 @@ def _train(args: argparse.Namespace) -> TrainResult:
         f"zoo: tuned settings for {given['algo']} on {entry.envs[0]} ({entry.source}): {used}; settings you give win, "
         "--no-zoo leaves them out" if used else f"zoo: every tuned setting of {entry.source} for {given['algo']} on "
         f"{entry.envs[0]} is overridden by yours")
-    return api.train(given["algo"], given["env"], progress=ProgressPrinter(header), **settings)
+    printer = ProgressPrinter(header)
+    with printer.warnings_below_header():
+        return api.train(given["algo"], given["env"], progress=printer, **settings)
 
 
 def _json_ready(value: Any) -> Any:

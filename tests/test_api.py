@@ -20,6 +20,7 @@ from jaderl.algos import PPO, PPOConfig
 from jaderl.core.checkpoint import CHECKPOINT_JSON, load_checkpoint
 from jaderl.core.config import Config, ConfigError
 from jaderl.core.evaluator import run_episodes
+from jaderl.core.loop import Trainer
 from jaderl.core.loop import train as train_loop
 from jaderl.envs import make_env
 
@@ -109,6 +110,28 @@ def test_stops_on_stop_file(tmp_path: Path, tiny_ppo: Settings) -> None:
     assert not (run_dir / "stop").exists()  # consumed, so a resume does not stop at once
     assert [i["steps"] for i in seen] == [128, 256, 384] and [i["done"] for i in seen] == [False, False, True]
     assert _steps(run_dir) == [384] and load_checkpoint(run_dir)["agent"]["counters"]["steps"] == 384
+
+
+def test_a_stop_file_seen_when_a_budget_ends_the_run_is_consumed(tmp_path: Path, tiny_ppo: Settings) -> None:
+    """The step that sees the stop file also reaches a budget: the run ends for its budget and the file is gone, so
+    a resume with a larger budget (or a population member's next period) trains on instead of stopping at once."""
+    run_dir = tmp_path / "run"
+
+    def progress(info: dict[str, Any]) -> None:
+        if info["steps"] == 256:
+            (run_dir / "stop").touch()
+
+    result = jaderl.train("ppo", ENV, run_dir=str(run_dir), progress=progress,
+                          **tiny_ppo(total_steps=384, eval_every=10**6, checkpoint_every=10**6))
+    assert result.stop_reason == "total_steps" and not (run_dir / "stop").exists()
+    resumed = jaderl.resume(run_dir, total_steps=512)
+    assert (resumed.stop_reason, resumed.steps) == ("total_steps", 512)
+    config = api.make_config("ppo", ENV, run_dir=str(tmp_path / "member"), **tiny_ppo(total_steps=10**6))
+    with Trainer(config, PPO) as trainer:
+        for budget, reason in (({"steps": 128}, "period"), ({"until_time_s": 1e-9}, "time_limit")):
+            (trainer.run_dir / "stop").touch()
+            assert trainer.run(**budget).stop_reason == reason
+            assert not (trainer.run_dir / "stop").exists()
 
 
 def test_same_seed_same_metrics(tmp_path: Path, tiny_ppo: Settings) -> None:

@@ -159,6 +159,9 @@ def test_algos_and_envs(capsys: pytest.CaptureFixture[str]) -> None:
     ["train", "ppo", ENV, "--set", "lr=-1"],
     ["train", "ppo", ENV, "--set", "lr=nan"],
     ["train", "ppo", ENV, "--set", "gamma=.nan"],
+    ["train", "ppo", ENV, "--set", "lr=1e400"],                 # infinite as a float
+    ["train", "ppo", ENV, "--set", "lr=1" + "0" * 400],         # an integer no float holds
+    ["train", "ppo", ENV, "--set", "lr=1" + "0" * 5000],        # more digits than Python reads
     ["train", "ppo", ENV, "--set", "hidden=[0]"],
     ["train", "ppo", ENV, "--set", "minibatch_size=100000"],
     ["train", "ppo", ENV, "--total-steps", "0"],
@@ -286,6 +289,7 @@ def test_failing_commands_leave_run_dir_intact(trained_run: tuple[Path, dict[str
                  ["train", "--resume", d, "--set", "algo=dqn"],
                  ["train", "--resume", d, "--config", d + "/missing.yaml"],
                  ["train", "--resume", d, "--eval-episodes", "0"],
+                 ["train", "--resume", d, "--no-zoo"],  # started with the zoo's settings: a setting like --seed
                  ["eval", d, "--episodes", "0"]):
         code, _, err = _run(argv, capsys)
         _assert_one_line_error(code, err)
@@ -859,6 +863,32 @@ def test_counts_that_are_not_whole_numbers_are_refused(flag: str, value: str, tm
     _assert_one_line_error(code, err)
     assert out == "" and f"argument {flag}: " in err and value in err and not run_dir.exists()
     assert "is not a whole number; write one such as 100000 or 1e5" in err or "is out of range" in err
+
+
+def test_flags_are_whole_words_not_prefixes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """argparse would take ``--total`` for ``--total-steps``: every command takes only whole flags."""
+    run_dir = tmp_path / "run"
+    for argv in (["train", "ppo", ENV, "--total", "256", "--run-dir", str(run_dir), "--device", "cpu"],
+                 ["train", "--resume", str(run_dir), "--no-z"],
+                 ["eval", str(run_dir), "--epi", "2"],
+                 ["pbt", "ppo", ENV, "--member", "3"],
+                 ["tournament", "ppo", ENV, "--leaderboard", "3"]):
+        code, out, err = _run(argv, capsys)
+        _assert_one_line_error(code, err)
+        assert "unrecognized arguments: --" in err and out == ""
+    assert not run_dir.exists()
+
+
+def test_the_zoo_line_comes_before_warnings_about_the_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A warning given while the run is set up follows the line that says which zoo entry made its config."""
+    monkeypatch.setenv("JADERL_BLOCK_BYTES", "1M")
+    proc = _subprocess(["train", "ppo", ENV, "--run-dir", str(tmp_path / "run"), "--total-steps", "256", *TINY],
+                       cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert lines[0].startswith("zoo: tuned settings for ppo on CartPole-v1"), proc.stderr
+    assert lines[1].startswith("jaderl: warning: JADERL_BLOCK_BYTES='1M'"), proc.stderr
+    assert lines[2].startswith("steps "), proc.stderr
 
 
 def test_a_block_size_that_is_not_a_number_is_one_warning(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -8,10 +8,11 @@ with one sentence naming the field and what would be accepted.
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import re
+import sys
 import typing
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -108,10 +109,9 @@ class Config:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Config:
-        names = {f.name for f in dataclasses.fields(cls)}
-        if unknown := sorted(set(data) - names):
-            accepted = ", ".join(sorted(names))
-            raise ConfigError(f"unknown field {unknown[0]!r} for {cls.__name__}; accepted fields: {accepted}")
+        names = sorted(f.name for f in dataclasses.fields(cls))
+        if unknown := sorted(set(data) - set(names)):
+            raise ConfigError(f"unknown field {unknown[0]!r} for {cls.__name__}; accepted fields: {', '.join(names)}")
         return cls(**data)
 
     def replace(self, **changes: Any) -> Config:
@@ -130,7 +130,7 @@ class Config:
         """Read a YAML mapping of field values (not yet validated: pass it to ``from_dict``)."""
         try:
             data = yaml.load(Path(path).read_text(), _YamlLoader)
-        except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        except (OSError, UnicodeDecodeError, ValueError, yaml.YAMLError) as exc:  # (ValueError: 5,000 digits)
             why = f"{exc.problem} (line {exc.problem_mark.line + 1})" if getattr(exc, "problem_mark", 0) else f"{exc}"
             raise ConfigError(f"cannot read config file {path}: {why}".splitlines()[0]) from None
         if not isinstance(data, dict):
@@ -145,7 +145,7 @@ def parse_assignment(text: str) -> tuple[str, Any]:
         raise ConfigError(f"--set {text!r} is malformed: write KEY=VALUE, e.g. --set lr=0.001")
     try:
         return key.strip(), yaml.load(raw, _YamlLoader)
-    except yaml.YAMLError:
+    except (yaml.YAMLError, ValueError):  # (ValueError: an integer of more digits than Python reads)
         raise ConfigError(f"--set {text!r}: cannot read the value {raw!r}") from None
 
 
@@ -166,8 +166,9 @@ def _coerce(name: str, value: Any, hint: Any) -> Any:
     if hint is int and isinstance(value, float) and value.is_integer():
         return int(value)
     if hint is float and isinstance(value, (int, float)) and not isinstance(value, bool):
-        if not math.isfinite(value):  # YAML reads .nan and .inf as floats
-            raise ConfigError(f"{name}={value} is invalid: expected a finite number")
+        if not abs(value) <= sys.float_info.max:  # YAML reads .nan, .inf and 1e400 as floats; 10**400 is too large
+            shown = value if isinstance(value, float) else f"{Decimal(value):.3e}"  # (a str of 10**5000 is refused)
+            raise ConfigError(f"{name}={shown} is invalid: expected a finite number")
         return float(value)
     if hint is str and isinstance(value, (str, os.PathLike)):  # run_dir may be a Path
         return os.fspath(value)

@@ -222,11 +222,13 @@ class Trainer:
         return stats
 
     def evaluate(self) -> float:
-        """Evaluate the current policy now (recorded in metrics.csv); returns the mean return."""
+        """Evaluate the current policy now (recorded in metrics.csv); returns the mean return. The schedule counts
+        from it: the next scheduled evaluation comes ``eval_every`` env steps later."""
         if self.evaluator is None:
             raise TrainingError("this learner does not evaluate: learner 0 does")
         with self.own_rng():
             self.evaluator.request(self.agent, self.agent.steps, self.time_s, self.logged())
+        self.next_eval = self.agent.steps + self.config.eval_every
         return self._evaluated(self.evaluator.poll(wait=True))
 
     def _evaluated(self, value: float | None) -> float:
@@ -277,7 +279,7 @@ class Trainer:
     def _evaluate_if_due(self, reason: str) -> str:
         """Take a finished evaluation, start one when due (always when stopping: the final policy, waited for); an
         evaluator still busy (the pipeline's) postpones the next one while training goes on."""
-        evaluator, target = self.evaluator, self.config.target_return
+        evaluator, target, every = self.evaluator, self.config.target_return, self.config.eval_every
         if evaluator is None:
             return reason
         start = time.perf_counter()
@@ -285,8 +287,9 @@ class Trainer:
         if (self.agent.steps >= self.next_eval or reason) and evaluator.pending_step is None:
             with self.own_rng():
                 evaluator.request(self.agent, self.agent.steps, self.time_s, self.logged())
-            # only now: an evaluation cut short by Ctrl-C is due again after a resume
-            self.next_eval = (self.agent.steps // self.config.eval_every + 1) * self.config.eval_every
+            # only now: an evaluation cut short by Ctrl-C is due again after a resume; the next point of the
+            # schedule, every eval_every env steps from the first (or from an evaluation by hand)
+            self.next_eval += ((self.agent.steps - self.next_eval) // every + 1) * every
             results.append(evaluator.poll(wait=bool(reason)))
         for value in map(self._evaluated, results):
             if target is not None and value >= target:
@@ -301,30 +304,26 @@ class Trainer:
     def budget_reason(self, until: int | None = None, until_time_s: float | None = None) -> str:
         """Why the run must stop now for its budgets (``until``: an env step; ``until_time_s``: a training time
         besides ``time_limit``) or a ``stop`` file (consumed), or "" to go on."""
-        if self.agent.steps >= self.config.total_steps:
-            return "total_steps"
-        if until is not None and self.agent.steps >= until:
-            return "period"
         limits = [s for s in (self.config.time_limit, until_time_s) if s is not None]
-        if limits and self.time_s >= min(limits):
-            return "time_limit"
-        if (self.run_dir / "stop").exists():
+        due = {"total_steps": self.agent.steps >= self.config.total_steps,
+               "period": until is not None and self.agent.steps >= until,
+               "time_limit": bool(limits) and self.time_s >= min(limits), "stop_file": (self.run_dir / "stop").exists()}
+        if due["stop_file"]:  # consumed whichever reason ends the run, so a resume does not stop at once
             (self.run_dir / "stop").unlink()
-            return "stop_file"
-        return ""
+        return next((reason for reason, reached in due.items() if reached), "")
 
     # --- state ---
     def state_dict(self) -> dict[str, Any]:
         """The whole run: networks, optimizers, buffer, normalisers, counters, random streams, the env's state (when
         it has one), evaluations and hyperparameter history; tensors are the live ones (copy before changing them)."""
         env_state = None if self.env is None else self.env.state_dict()
-        next_eval, evaluator = self.next_eval, self.evaluator
+        next_eval, evaluator, every = self.next_eval, self.evaluator, self.config.eval_every
         # an evaluation still running (the pipeline's) is due again after a load; one recorded when a Ctrl-C came
         # before the loop set the next one is not
         if evaluator is not None and evaluator.pending_step is not None:
             next_eval = min(next_eval, evaluator.pending_step)
         elif evaluator is not None and evaluator.rows and evaluator.rows[-1]["step"] >= next_eval:
-            next_eval = (evaluator.rows[-1]["step"] // self.config.eval_every + 1) * self.config.eval_every
+            next_eval += ((evaluator.rows[-1]["step"] - next_eval) // every + 1) * every
         return {"config": self.config.to_dict(), "history": self.history, "agent": self.agent.state_dict(),
                 "counters": {"time_s": self.time_s, "next_eval": next_eval, "next_checkpoint": self.next_checkpoint},
                 "buffer": list(self.buffer.state_dict()), "rng": {"torch": self.rng[0], "cuda": self.rng[1]},
@@ -341,12 +340,14 @@ class Trainer:
         self.config = self.agent.config = self.config.replace(**mutable)
         self.agent.apply_hyperparameters()
         self.history = list(state["history"])
-        counters, steps, cfg = state["counters"], self.agent.steps, self.config
-        # a point already due stays due; the next one follows this config's cadence (a resume may change it)
+        counters, steps, cfg, saved = state["counters"], self.agent.steps, self.config, state["config"]
+        # a point already due stays due, and so does the next one of an unchanged cadence (the evaluations' may count
+        # from an evaluation by hand); a cadence a resume changes starts afresh
         self.next_eval, self.next_checkpoint, self.next_record = (
-            due if due <= steps else (steps // every + 1) * every if every else 0 for due, every in
-            ((counters["next_eval"], cfg.eval_every), (counters["next_checkpoint"], cfg.checkpoint_every),
-             (math.inf, cfg.record_every)))
+            due if due <= steps or every == saved.get(name) else (steps // every + 1) * every if every else 0
+            for due, every, name in ((counters["next_eval"], cfg.eval_every, "eval_every"),
+                                     (counters["next_checkpoint"], cfg.checkpoint_every, "checkpoint_every"),
+                                     (math.inf, cfg.record_every, None)))
         self.time_s = counters["time_s"]
         continued = (state["env"] is not None and state["last_obs"] is not None  # (none before the first step)
                      and self.env is not None and self.env.state_dict() is not None)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -72,6 +73,27 @@ def test_bad_types_name_the_field(field: str, value: object) -> None:
 def test_nan_and_infinity_are_rejected(field: str, value: float) -> None:
     with pytest.raises(ConfigError, match=rf"^{field}={value} is invalid: expected a finite number$"):
         Config(**{field: value})
+
+
+def test_numbers_too_large_for_a_float_name_the_field(tmp_path: Path) -> None:
+    """1e400 reads as infinity; an integer of 400 digits has no float (its conversion would raise OverflowError),
+    and one of 5,000 digits cannot even be read: each is one sentence."""
+    big = "1" + "0" * 400
+    for settings, shown in ((dict([parse_assignment("lr=1e400")]), "lr=inf"),
+                            (dict([parse_assignment(f"lr={big}")]), "lr=1.000e+400"),
+                            ({"lr": -(10**400)}, "lr=-1.000e+400"),
+                            ({"target_return": 10**5000}, "target_return=1.000e+5000")):
+        with pytest.raises(ConfigError, match=rf"^{re.escape(shown)} is invalid: expected a finite number$"):
+            Config.from_dict(settings)
+    (tmp_path / "c.yaml").write_text(f"lr: {big}\n")
+    with pytest.raises(ConfigError, match=r"^lr=1.000e\+400 is invalid: expected a finite number$"):
+        Config.from_dict(Config.read_yaml(tmp_path / "c.yaml"))
+    huge = "1" + "0" * 5000  # more digits than Python turns into an int
+    (tmp_path / "huge.yaml").write_text(f"lr: {huge}\n")
+    with pytest.raises(ConfigError, match=r"^cannot read config file .*huge.yaml: "):
+        Config.read_yaml(tmp_path / "huge.yaml")
+    with pytest.raises(ConfigError, match=r"^--set 'lr=1000.*: cannot read the value"):
+        parse_assignment(f"lr={huge}")
 
 
 def test_infinite_policy_settings_are_rejected_before_a_run_starts() -> None:

@@ -77,6 +77,23 @@ def test_a_copy_through_a_checkpoint_continues_bit_identically(algo: str, tmp_pa
     assert _rows(tmp_path / "a") == _rows(tmp_path / "b") and len(_rows(tmp_path / "a")) == 4
 
 
+def test_an_evaluation_by_hand_restarts_the_schedule_and_a_checkpoint_keeps_it(tmp_path: Path) -> None:
+    """evaluate() between steps moves the next scheduled evaluation to eval_every steps after it; a resume from a
+    checkpoint written then evaluates where the run in memory does."""
+    torch.set_num_threads(1)
+    with jaderl.Trainer(_config("ppo", tmp_path / "a", total_steps=2_500), ALGOS["ppo"].agent_cls) as first:
+        for _ in range(9):  # 100 env steps each
+            first.step()
+        first.evaluate()
+        assert first.next_eval == 1_900
+        first.checkpoint()
+        shutil.copytree(tmp_path / "a", tmp_path / "b")
+        first.run()
+    jaderl.resume(tmp_path / "b")
+    assert [int(r["step"]) for r in _rows(tmp_path / "a")] == [900, 1_900, 2_500]  # not 1_000 right after 900
+    assert _rows(tmp_path / "a") == _rows(tmp_path / "b")
+
+
 def test_step_returns_named_statistics_and_trainers_do_not_share_random_streams(tmp_path: Path) -> None:
     torch.set_num_threads(1)
     config = _config("ppo", tmp_path / "a")
