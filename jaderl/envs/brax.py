@@ -22,7 +22,8 @@ adapter decides:
   (``jax.lax.cond``); the observation each reached before its reset is ``info["final_obs"]``, so a truncated episode
   bootstraps from its true last state. (Brax's own ``AutoResetWrapper`` restarts every episode from the same first
   state and loses the last observation.)
-* **Actions** are the env's own: ``action_size`` values in ``[-1, 1]``, so jaderl's actions pass as they are.
+* **Actions** are the env's own: ``action_size`` values in ``[-1, 1]``, so jaderl's actions pass as they are (a
+  list or NumPy array of numbers is converted to a tensor on ``device`` first).
 * **Compiling.** The first ``reset`` and ``step`` compile: tens of seconds for ``brax/ant`` on a CPU (Brax's ``fast``
   test env, about a second), 4-18 s for Playground's ``CartpoleBalance``. These are GPU simulators: on a CPU they
   step slowly (Playground's ``CheetahRun``, 16 sub-envs: about 60 ms a step with MuJoCo Warp, 200 ms with MJX).
@@ -42,7 +43,7 @@ from typing import Any
 
 import torch
 
-from jaderl.envs.vec import NONFINITE_ACTIONS, EnvError, FiniteWatch, VecEnv
+from jaderl.envs.vec import NONFINITE_ACTIONS, EnvError, FiniteWatch, VecEnv, as_action_tensor
 
 __all__ = ["BraxVecEnv", "JaxVecEnv", "PlaygroundVecEnv", "make_brax_env", "make_playground_env"]
 
@@ -135,6 +136,8 @@ class JaxVecEnv(VecEnv):
         return obs
 
     def step(self, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, dict]:
+        if not isinstance(action, torch.Tensor):  # a list or NumPy array of numbers
+            action = as_action_tensor(action, self.device, f"the {self.label} env")
         if self._state is None:
             self.reset()
         if action.numel() != self.num_envs * self.action_dim:

@@ -36,7 +36,7 @@ from __future__ import annotations
 import torch
 
 from jaderl.envs.classic import StepResult, _TorchClassicEnv
-from jaderl.envs.vec import EnvError
+from jaderl.envs.vec import EnvError, as_action_tensor
 
 __all__ = ["CHASING_ENVS", "ChasingEnv"]
 
@@ -44,8 +44,9 @@ __all__ = ["CHASING_ENVS", "ChasingEnv"]
 class ChasingEnv(_TorchClassicEnv):
     """Batched torch chasing env (after ElegantRL's ChasingVecEnv): an agent accelerates towards a moving target.
 
-    Action: ``(num_envs, dim)`` floats in ``[-1, 1]`` (the agent's acceleration). Observation and state:
-    ``(num_envs, 4 * dim)`` = ``[target pos, target vel, agent pos, agent vel]``. See :mod:`jaderl.envs.chasing`.
+    Action: ``(num_envs, dim)`` floats in ``[-1, 1]`` (the agent's acceleration; a tensor, or a list or NumPy array
+    of numbers). Observation and state: ``(num_envs, 4 * dim)`` = ``[target pos, target vel, agent pos, agent vel]``.
+    See :mod:`jaderl.envs.chasing`.
     """
 
     _init_high = ()  # unused: _sample_initial is overridden
@@ -103,7 +104,11 @@ class ChasingEnv(_TorchClassicEnv):
         return _norm(self._state[:d] - self._state[2 * d : 3 * d])
 
     def step(self, action: torch.Tensor) -> StepResult:
-        """Move target and agent one step, reward the approach, catch, truncate and auto-reset (module docstring)."""
+        """Move target and agent one step, reward the approach, catch, truncate and auto-reset (module docstring).
+
+        ``action`` may also be a list or NumPy array of numbers, converted to a tensor on the env's device."""
+        if not isinstance(action, torch.Tensor):
+            action = as_action_tensor(action, self.device, type(self).__name__)
         if action.numel() != self.num_envs * self.dim:
             raise EnvError(
                 f"expected ({self.num_envs}, {self.dim}) actions (one {self.dim}-vector per sub-env), "

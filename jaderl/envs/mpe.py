@@ -39,10 +39,11 @@ reproduce MPE2's initial states (use :meth:`set_world_state` for that); continuo
 ``[-1, 1]`` (see "Actions"); simple_tag's observations are zero-padded to one size and carry the agent type (see
 "Observations"); observations are in the env's ``dtype`` (MPE2: float32) and rewards are float32 (MPE2: Python
 floats); two entities more than 0.05 beyond contact push each other with the force they would at 0.05, under 2e-23
-(MPE2's force is smaller still; see ``step``); finished sub-envs reset inside ``step``; NaN, infinite or out-of-range
-actions raise :class:`EnvError` (on the CPU; with ``sync_free`` they are not checked). MPE2's options for curricula,
-partial observability (``num_*_neighbors``) and ``terminate_on_success`` are not reproduced; simple_spread's
-``local_ratio`` is.
+(MPE2's force is smaller still; see ``step``); finished sub-envs reset inside ``step``; NaN, infinite, out-of-range
+or non-integral discrete (``0.7``) actions raise :class:`EnvError` (on the CPU; with ``sync_free`` they are not
+checked); actions may also be a list or NumPy array of numbers, converted to a tensor on the env's device. MPE2's
+options for curricula, partial observability (``num_*_neighbors``) and ``terminate_on_success`` are not reproduced;
+simple_spread's ``local_ratio`` is.
 
 Actions
     Discrete (the default): MPE2's five actions per agent, ``0`` no-op, ``1`` left (``-x``), ``2`` right (``+x``),
@@ -92,7 +93,14 @@ from typing import Any
 
 import torch
 
-from jaderl.envs.vec import NONFINITE_ACTIONS, EnvError, VecEnv, discrete_action_error
+from jaderl.envs.vec import (
+    NONFINITE_ACTIONS,
+    EnvError,
+    VecEnv,
+    as_action_tensor,
+    discrete_action_error,
+    non_integral_action_error,
+)
 
 __all__ = ["MPE_ENVS", "SimpleSpreadEnv", "SimpleTagEnv"]
 
@@ -193,10 +201,11 @@ class _MPEEnv(VecEnv):
         self.sync_free = self.device.type != "cpu"
         """``True`` (the default on a GPU): ``step`` never reads a tensor's value on the host, so it resets finished
         sub-envs by masking, drawing initial states for all of them every step, and does not check the actions (a NaN
-        action makes that sub-env's state NaN until it resets; an out-of-range discrete action is clamped to 0 .. 4).
-        ``False`` (the default on the CPU): steps in which no sub-env finished skip the reset work, and NaN, infinite
-        or out-of-range actions raise :class:`EnvError` before anything moves. The two draw from the generator at
-        different times, so the same seed gives different initial states after the first auto-reset."""
+        action makes that sub-env's state NaN until it resets; an out-of-range discrete action is clamped to 0 .. 4,
+        a non-integral one truncated). ``False`` (the default on the CPU): steps in which no sub-env finished skip the
+        reset work, and NaN, infinite, out-of-range or non-integral discrete (``0.7``) actions raise
+        :class:`EnvError` before anything moves. The two draw from the generator at different times, so the same
+        seed gives different initial states after the first auto-reset."""
         self._fresh = True  # the first reset() without a seed keeps the states drawn here (see classic.py)
         # scratch for the observations, (A, obs_dim, N): rewritten by every _features call and only ever copied out
         # (a new 1 MB buffer every step cost page faults); rows that never change are written here once
@@ -362,7 +371,10 @@ class _MPEEnv(VecEnv):
         return self._to_obs(self._features()), reward, terminated, truncated, info
 
     def _push(self, action: torch.Tensor) -> torch.Tensor:
-        """The action forces ``(A, 2, N)``: checked actions times the agents' sensitivities."""
+        """The action forces ``(A, 2, N)``: checked actions (a list or NumPy array is read as a tensor) times the
+        agents' sensitivities."""
+        if not isinstance(action, torch.Tensor):
+            action = as_action_tensor(action, self.device, type(self).__name__)
         n, a = self.num_envs, self.num_agents
         expected = (n, a) if self.is_discrete else (n, a, self.action_dim)
         if tuple(action.shape[:2]) != (n, a) or action.numel() != math.prod(expected):
@@ -373,6 +385,8 @@ class _MPEEnv(VecEnv):
             low, high = (x.item() for x in torch.aminmax(action.detach()))
             if not (math.isfinite(low) and math.isfinite(high)):
                 raise EnvError(NONFINITE_ACTIONS)
+            if self.is_discrete and action.is_floating_point() and not bool((whole := action == action.trunc()).all()):
+                raise non_integral_action_error(type(self).__name__, action[~whole][0].item())
             if self.is_discrete and (low < 0 or high >= self.action_dim):
                 raise discrete_action_error(type(self).__name__, self.action_dim, low, high)
         action = action.detach().to(self.device).reshape(expected)

@@ -7,8 +7,9 @@ works the same way) builds ``num_envs`` copies of a ``ParallelEnv`` and follows 
 
     obs (N, A, obs_dim) float32, reward (N, A) float32, terminated (N,) bool, truncated (N,) bool, info
 
-with discrete actions ``(N, A)`` in ``0 .. action_dim - 1`` (shifted to a ``Discrete`` space's ``start``) or
-continuous ones ``(N, A, action_dim)`` in ``[-1, 1]``, clipped and rescaled to each agent's ``Box`` bounds.
+with discrete actions ``(N, A)`` in ``0 .. action_dim - 1`` (shifted to a ``Discrete`` space's ``start``; floats
+that are not whole numbers, ``0.7``, are refused) or continuous ones ``(N, A, action_dim)`` in ``[-1, 1]``, clipped and
+rescaled to each agent's ``Box`` bounds, as tensors or as lists or NumPy arrays of numbers.
 
 What the adapter decides, since PettingZoo leaves it open:
 
@@ -69,9 +70,11 @@ from jaderl.envs.vec import (
     EnvError,
     GymnasiumSpaces,
     VecEnv,
+    as_action_tensor,
     check_finite,
     discrete_action_error,
     error_line,
+    non_integral_action_error,
 )
 
 if TYPE_CHECKING:
@@ -132,12 +135,16 @@ class AgentObsLayout:
 
 
 def agent_actions(action: torch.Tensor, num_envs: int, num_agents: int, is_discrete: bool,
-                  action_dim: int) -> torch.Tensor:
+                  action_dim: int, device: torch.device | str = "cpu") -> torch.Tensor:
     """Check a multi-agent action and shape it: ``(N, A)`` int64 actions ``0 .. action_dim - 1`` when discrete,
     ``(N, A, action_dim)`` clipped to ``[-1, 1]`` when continuous (on ``action``'s device, one host sync).
 
     Accepted shapes: ``(N, A)`` or ``(N, A, 1)`` when discrete, ``(N, A, action_dim)`` when continuous (or ``(N, A)``
-    when ``action_dim`` is 1). Bad actions raise a one-sentence :class:`EnvError`."""
+    when ``action_dim`` is 1); a list or NumPy array of numbers is converted to a tensor on ``device``. Bad actions,
+    discrete ones given as floats that are not whole numbers (``0.7``) included, raise a one-sentence
+    :class:`EnvError` (the checks share the one host sync)."""
+    if not isinstance(action, torch.Tensor):
+        action = as_action_tensor(action, torch.device(device), "the env")
     shape = tuple(action.shape)
     if is_discrete:
         expected = (num_envs, num_agents)
@@ -156,10 +163,14 @@ def agent_actions(action: torch.Tensor, num_envs: int, num_agents: int, is_discr
             raise EnvError(NONFINITE_ACTIONS)
         return action.reshape(expected).clamp(-1.0, 1.0)
     action = action.reshape(expected)
-    stats = torch.stack([action.min().double(), action.max().double(), torch.isfinite(action).all().double()])
-    low, high, finite = stats.tolist()
+    checks = [action.min().double(), action.max().double(), torch.isfinite(action).all().double()]
+    if action.is_floating_point():  # 0.7 is no action (an int tensor, the agent's, skips this)
+        checks.append((action == action.trunc()).all().double())
+    low, high, finite, *whole = torch.stack(checks).tolist()
     if not finite:
         raise EnvError(NONFINITE_ACTIONS)
+    if whole and not whole[0]:
+        raise non_integral_action_error("the env", action[action != action.trunc()][0].item())
     if low < 0 or high >= action_dim:
         raise discrete_action_error("the env", action_dim, low, high)
     return action.long()

@@ -54,7 +54,7 @@ from urllib.parse import quote, unquote
 import numpy as np
 import torch
 
-from jaderl.envs.vec import NONFINITE_ACTIONS, EnvError, VecEnv
+from jaderl.envs.vec import NONFINITE_ACTIONS, EnvError, VecEnv, as_action_tensor
 
 __all__ = [
     "BUNDLED_SPLIT",
@@ -405,10 +405,11 @@ def load_market(options: StockOptions) -> Market:
 class StockTradingEnv(VecEnv):
     """FinRL-style stock trading: cash and shares of n stocks per replica, proportional costs, batched in torch.
 
-    Action: ``(num_envs, n)`` floats in ``[-1, 1]`` (shares to trade, in units of ``hmax``). Observation:
-    ``(num_envs, 1 + 4 n)``. Reward: portfolio value change over the episode's initial value. See
-    :mod:`jaderl.envs.stock`. On the CPU, NaN or infinite actions raise :class:`~jaderl.envs.vec.EnvError` before
-    anything trades (on a GPU they are not checked: that would wait for the device every step).
+    Action: ``(num_envs, n)`` floats in ``[-1, 1]`` (shares to trade, in units of ``hmax``; a tensor, or a list or
+    NumPy array of numbers). Observation: ``(num_envs, 1 + 4 n)``. Reward: portfolio value change over the episode's
+    initial value. See :mod:`jaderl.envs.stock`. On the CPU, NaN or infinite actions raise
+    :class:`~jaderl.envs.vec.EnvError` before anything trades (on a GPU they are not checked: that would wait for the
+    device every step).
     """
 
     is_discrete = False
@@ -595,7 +596,11 @@ class StockTradingEnv(VecEnv):
         return self._observe()
 
     def step(self, action: torch.Tensor) -> StepResult:
-        """Trade at today's close (sells, then buys within the cash), move to the next date, reward the value change."""
+        """Trade at today's close (sells, then buys within the cash), move to the next date, reward the value change.
+
+        ``action`` may also be a list or NumPy array of numbers, converted to a tensor on the env's device."""
+        if not isinstance(action, torch.Tensor):
+            action = as_action_tensor(action, self.device, type(self).__name__)
         if action.numel() != self.num_envs * self.n_stocks:
             raise EnvError(f"expected actions of shape {(self.num_envs, self.n_stocks)} (one per replica and stock), "
                            f"got a tensor of shape {tuple(action.shape)}")

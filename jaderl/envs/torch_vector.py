@@ -12,7 +12,9 @@ What the adapter reads:
 * **Observations**: a tensor ``(N, *obs_shape)``, or a dict of tensors from which ``obs_key`` is taken (Isaac Lab's
   ``{"policy": ...}``, the default key); uint8 where the observation space is uint8 (images), float32 otherwise.
 * **Actions**: a ``Discrete`` space (jaderl's action ``i`` is the space's ``start + i``) or a bounded 1-D ``Box``
-  (jaderl's ``[-1, 1]`` rescaled to its bounds).
+  (jaderl's ``[-1, 1]`` rescaled to its bounds). A list or NumPy array of numbers is taken too (converted to a tensor
+  on the env's device). On the CPU, NaN or infinite actions and discrete ones out of range or not whole numbers
+  (``0.7``) raise :class:`~jaderl.envs.vec.EnvError`; on a GPU they are not checked.
 * **Episode ends**: the env must reset finished sub-envs inside ``step`` (all three do). What each sub-env reached
   before its reset is read from ``info["final_obs"]`` (Gymnasium 1.x's name) or ``info["final_observation"]``
   (ManiSkill3's): a tensor ``(N, *obs_shape)`` whose rows of finished sub-envs are used (``NumpyToTorch`` needs
@@ -40,7 +42,15 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from jaderl.envs.vec import NONFINITE_ACTIONS, EnvError, FiniteWatch, VecEnv, discrete_action_error
+from jaderl.envs.vec import (
+    NONFINITE_ACTIONS,
+    EnvError,
+    FiniteWatch,
+    VecEnv,
+    as_action_tensor,
+    discrete_action_error,
+    non_integral_action_error,
+)
 
 
 class TorchVectorEnv(VecEnv):
@@ -102,15 +112,27 @@ class TorchVectorEnv(VecEnv):
 
     def _actions(self, action: torch.Tensor) -> torch.Tensor:
         """jaderl's actions as the env's: ``(N,)`` integers from the space's start, or ``(N, action_dim)`` rescaled
-        from ``[-1, 1]`` to the bounds; on the env's device."""
+        from ``[-1, 1]`` to the bounds; on the env's device. A list or NumPy array of numbers is read as a tensor.
+
+        On the CPU, NaN or infinite actions and discrete ones out of range or not whole numbers (float actions such as
+        ``0.7``) raise a one-sentence :class:`EnvError`; on an accelerator they are not checked (that would wait for
+        the device every step), and a non-integral discrete action is truncated."""
+        if not isinstance(action, torch.Tensor):
+            action = as_action_tensor(action, self.env_device, "the env")
         expected = (self.num_envs,) if self.is_discrete else (self.num_envs, self.action_dim)
         if action.numel() != self.num_envs * (1 if self.is_discrete else self.action_dim):
             raise EnvError(f"expected actions of shape {expected}, got {tuple(action.shape)}")
         action = action.reshape(expected).to(self.env_device)
         if self.is_discrete:
-            if action.device.type == "cpu" and self.num_envs and (int(action.min()) < 0
-                                                                  or int(action.max()) >= self.action_dim):
-                raise discrete_action_error("the env", self.action_dim, int(action.min()), int(action.max()))
+            if action.device.type == "cpu" and self.num_envs:
+                if action.is_floating_point():  # NaN, inf and 0.7 are no actions (an int tensor skips this)
+                    if not bool(torch.isfinite(action).all()):
+                        raise EnvError(NONFINITE_ACTIONS)
+                    if not bool((whole := action == action.trunc()).all()):
+                        raise non_integral_action_error("the env", action[~whole][0].item())
+                low, high = int(action.min()), int(action.max())
+                if low < 0 or high >= self.action_dim:
+                    raise discrete_action_error("the env", self.action_dim, low, high)
             return action.long() + self._start
         if action.device.type == "cpu" and not bool(torch.isfinite(action).all()):
             raise EnvError(NONFINITE_ACTIONS)

@@ -14,9 +14,16 @@ and :meth:`VecEnv.set_rng_state` restores it.
 
 Bad actions are refused with an :class:`EnvError` where that costs no host-device synchronisation: NaN or infinite
 actions, discrete actions outside ``0 .. action_dim - 1`` or given as floats that are not whole numbers (``0.7``),
-and a number of actions other than one per sub-env. Continuous actions beyond ``[-1, 1]`` are clipped. The
-single-agent torch-native and Gymnasium envs also take a list or NumPy array of numbers as actions (converted to a
-tensor on ``env.device``) and refuse anything else in one sentence.
+and a number of actions other than one per sub-env. Continuous actions beyond ``[-1, 1]`` are clipped.
+
+Every env jaderl builds or adapts also takes a list, tuple or NumPy array of numbers as actions, converted to a
+tensor on the env's device (:func:`as_action_tensor`), and refuses anything else in one sentence: the torch-native
+envs (:mod:`~jaderl.envs.classic`, :mod:`~jaderl.envs.chasing`, :mod:`~jaderl.envs.stock`, :mod:`~jaderl.envs.mpe`),
+the adapters of Gymnasium envs (:class:`GymnasiumVecEnv`, Atari's, :class:`~jaderl.envs.subproc.SubprocVecEnv`), of
+torch-tensor vector envs (:class:`~jaderl.envs.torch_vector.TorchVectorEnv`), of JAX simulators
+(:mod:`~jaderl.envs.brax`) and of multi-agent ones (:mod:`~jaderl.envs.pettingzoo`, :mod:`~jaderl.envs.vmas`).
+A tensor is used as it is and only float ones are checked for whole numbers, so the training loop's actions
+(tensors of the right dtype) pay for no conversion and no extra check.
 """
 
 from __future__ import annotations

@@ -12,6 +12,9 @@ contract of :class:`~jaderl.envs.vec.EnvSpec` for the scenario's ``A`` policy ag
   ``[-1, 1]`` are clipped and rescaled to each agent's bounds (``[-u_range, u_range]`` for movement, ``[0, 1]`` for
   communication). Every agent must have the same number of actions, or action vectors of one size; other
   scenarios are refused with an :class:`~jaderl.envs.vec.EnvError` (see :mod:`jaderl.envs.pettingzoo` for why).
+  Actions may be tensors or lists or NumPy arrays of numbers (converted on VMAS's device); NaN, infinite or
+  out-of-range actions and discrete ones given as floats that are not whole numbers (``0.7``) raise an
+  :class:`~jaderl.envs.vec.EnvError` (checked in the step's first host synchronisation, below).
 * **Observations**: agents of different observation sizes or teams are zero-padded and get an agent-type one-hot,
   as in :mod:`jaderl.envs.pettingzoo` (:class:`~jaderl.envs.pettingzoo.AgentObsLayout`); teams come from the agent
   names (``adversary_0`` -> ``adversary``). Scenarios that observe dicts are refused.
@@ -156,7 +159,7 @@ class VmasVecEnv(VecEnv):
         return self._pack(obs)
 
     def step(self, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, dict]:
-        action = agent_actions(action, self.num_envs, self.num_agents, self.is_discrete, self.action_dim)
+        action = agent_actions(action, self.num_envs, self.num_agents, self.is_discrete, self.action_dim, self.device)
         action = action.to(self.device)
         if not self.is_discrete:  # rescale, then clamp: VMAS refuses values a rounding error beyond its bounds
             action = self._agent_low + (action + 1.0) * 0.5 * (self._agent_high - self._agent_low)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -65,6 +66,22 @@ def test_non_finite_actions_are_refused(bad: float) -> None:
     with pytest.raises(EnvError, match="NaN or infinite"):
         env.step(torch.tensor([[bad], [0.0]]))
 
+
+def test_lists_and_numpy_actions_step_as_the_same_tensor() -> None:
+    """A list, tuple or NumPy array of actions steps as the same tensor would; what is not numbers is refused in one
+    sentence naming what the env takes."""
+    env = make_env("brax/fast", 2, "cpu", seed=0)
+    values = [[0.5], [-0.25]]
+    env.reset(seed=0)
+    want = env.step(torch.tensor(values))
+    for action in (values, tuple(values), np.array(values), np.array(values, dtype=np.float32)):
+        env.reset(seed=0)
+        got = env.step(action)
+        assert all(torch.equal(a, b) for a, b in zip(got[:4], want[:4], strict=True)), action
+    for junk in (["left", "right"], [[0.5], [0.5, 0.5]], None):
+        with pytest.raises(EnvError, match=r"^the Brax env cannot read actions from a \w+ \([^)]*\)+; pass a "
+                                           r"torch\.Tensor, or a NumPy array or list of real numbers$"):
+            env.step(junk)
 
 def test_ppo_trains_and_the_agent_predicts(tmp_path: Path) -> None:
     result = jaderl.train("ppo", "brax/fast?episode_length=20", total_steps=512, num_envs=4, horizon=64,

@@ -6,6 +6,7 @@ import math
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -204,6 +205,27 @@ def test_nan_actions_are_refused_before_anything_moves() -> None:
     obs, *_ = env.step(actions[0])
     assert obs[1].isnan().any()
 
+
+
+def test_lists_and_numpy_actions_step_as_the_same_tensor() -> None:
+    """A list, tuple or NumPy array of actions steps as the same tensor would; what is not numbers is refused in one
+    sentence naming what the env takes, before anything moves."""
+    env = ChasingEnv(2, dtype=torch.float64, seed=0)
+    env.reset()
+    before = {k: v.clone() for k, v in env.state_dict().items()}
+    values = [[0.5, -0.25], [1.0, 0.75]]
+    want = env.step(torch.tensor(values))
+    for action in (values, tuple(values), np.array(values), np.array(values, dtype=np.float32)):
+        env.load_state_dict(before)
+        got = env.step(action)
+        assert all(torch.equal(a, b) for a, b in zip(got[:4], want[:4], strict=True)), action
+    env.load_state_dict(before)
+    for junk in (["left", "right"], [[0.5], [0.5, 0.5]], None, [1j, 2j]):
+        with pytest.raises(EnvError, match=r"^ChasingEnv cannot read actions from a \w+ \([^)]*\)+; pass a "
+                                           r"torch\.Tensor, or a NumPy array or list of real numbers$"):
+            env.step(junk)
+    after = env.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)  # nothing moved
 
 def test_registry_validation_and_make_env() -> None:
     assert TORCH_ENVS["jaderl/Chasing-v0"] is ChasingEnv

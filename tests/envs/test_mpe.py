@@ -307,6 +307,39 @@ def test_bad_actions_raise_one_sentence() -> None:
         assert all(torch.equal(before[k], after[k]) for k in before)
 
 
+@pytest.mark.parametrize("continuous", [False, True])
+@pytest.mark.parametrize("cls", [SimpleSpreadEnv, SimpleTagEnv])
+def test_lists_and_numpy_actions_are_read_and_non_integral_discrete_ones_refused(cls: MPE_ENV,
+                                                                                 continuous: bool) -> None:
+    """A list, tuple or NumPy array of (N, agents) or (N, agents, 2) actions steps as the same tensor would; a float
+    discrete action that is not a whole number (0.7) is refused in one sentence before anything moves (not
+    truncated), one that is (1.0) is taken; what is not numbers is refused in one sentence naming what the env
+    takes."""
+    env = cls(2, seed=0, continuous=continuous)
+    before = {k: v.clone() for k, v in env.state_dict().items()}
+    a = env.num_agents
+    values = [[[0.5, -0.25]] * a, [[-1.0, 0.75]] * a] if continuous else [list(range(a)), [4 - i for i in range(a)]]
+    want = env.step(torch.tensor(values))
+    actions: list[Any] = [values, tuple(values), np.array(values)]
+    if not continuous:
+        actions.append(torch.tensor(values, dtype=torch.float32))
+    for action in actions:
+        env.load_state_dict(before)
+        got = env.step(action)
+        assert all(torch.equal(x, y) for x, y in zip(got[:4], want[:4], strict=True)), action
+    env.load_state_dict(before)
+    bad: list[Any] = [] if continuous else [torch.full((2, a), 0.7), [[1.0] * a, [0.5] * a], np.full((2, a), 0.7)]
+    for action in bad:
+        with pytest.raises(EnvError, match=rf"^{cls.__name__} takes discrete actions as whole numbers, got 0\.[57]; "
+                                           r"pass integer actions \(an int64 tensor"):
+            env.step(action)
+    for junk in (["left", "right"], [[0], [1, 0]], None, np.array(["a", "b"])):
+        with pytest.raises(EnvError, match=rf"^{cls.__name__} cannot read actions from a \w+ \([^)]*\)+; pass a "
+                                           r"torch\.Tensor, or a NumPy array or list of real numbers$"):
+            env.step(junk)
+    after = env.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)  # nothing moved
+
 @pytest.mark.parametrize("cls", [SimpleSpreadEnv, SimpleTagEnv])
 def test_state_dict_copy_continues_identically(cls: MPE_ENV) -> None:
     n = 32

@@ -240,6 +240,41 @@ def test_bad_actions_are_refused_in_one_sentence_and_the_env_goes_on(workers: in
         box.close()
 
 
+@pytest.mark.parametrize(("continuous", "workers"), [(False, 0), (True, 0), (False, 1)])
+def test_lists_and_numpy_actions_are_read_and_non_integral_discrete_ones_refused(continuous: bool,
+                                                                                 workers: int) -> None:
+    """A list, tuple or NumPy array of (N, agents) or (N, agents, action_dim) actions steps as the same tensor would;
+    a float discrete action that is not a whole number (0.7) is refused in one sentence (not truncated to an int),
+    one that is (1.0) is taken; what is not numbers is refused in one sentence naming what the env takes. Refused
+    actions reach no sub-env."""
+    env = make_pettingzoo_env("mpe2.simple_spread_v3", 2, seed=0, workers=workers, continuous_actions=continuous)
+    try:
+        values = [[[0.5] * 5, [-0.25] * 5, [1.0] * 5], [[0.0] * 5] * 3] if continuous else [[0, 3, 1], [4, 2, 0]]
+        env.reset(seed=3)
+        want = env.step(torch.tensor(values))
+        actions: list[Any] = [values, tuple(values), np.array(values)]
+        if not continuous:
+            actions.append(torch.tensor(values, dtype=torch.float32))
+        for action in actions:
+            env.reset(seed=3)
+            got = env.step(action)
+            assert all(torch.equal(a, b) for a, b in zip(got[:4], want[:4], strict=True)), action
+        env.reset(seed=3)
+        bad: list[Any] = [] if continuous else [torch.full((2, 3), 0.7), [[1.0, 0.5, 0.0], [0.0] * 3],
+                                                np.full((2, 3), 0.7)]
+        for action in bad:
+            with pytest.raises(EnvError, match=r"^the env takes discrete actions as whole numbers, got 0\.[57]; "
+                                               r"pass integer actions \(an int64 tensor"):
+                env.step(action)
+        for junk in (["left", "right"], [[0], [1, 0]], None, np.array(["a", "b"])):
+            with pytest.raises(EnvError, match=r"^the env cannot read actions from a \w+ \([^)]*\)+; pass a "
+                                               r"torch\.Tensor, or a NumPy array or list of real numbers$"):
+                env.step(junk)
+        got = env.step(values)  # the first step after the reset: nothing refused reached a sub-env
+        assert all(torch.equal(a, b) for a, b in zip(got[:4], want[:4], strict=True))
+    finally:
+        env.close()
+
 def test_non_finite_rewards_are_reported() -> None:
     env = make_pettingzoo_env(LifetimeEnv, 1, nan_at=2)
     try:

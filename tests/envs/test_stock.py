@@ -411,3 +411,24 @@ def test_a_relative_csv_path_is_found_from_any_directory(tmp_path: Path, monkeyp
     capsys.readouterr()
     assert cli.main(["backtest", str(run_dir), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["env_id"] == absolute
+
+
+def test_lists_and_numpy_actions_trade_as_the_same_tensor(tmp_path: Path) -> None:
+    """A list, tuple or NumPy array of actions trades as the same tensor would; what is not numbers is refused in one
+    sentence naming what the env takes, and trades nothing."""
+    env = StockTradingEnv(2, env_id=STOCK_ID + f"?csv={_synthetic_csv(tmp_path)}", seed=0)
+    env.reset()
+    before = {k: v.clone() for k, v in env.state_dict().items()}
+    values = [[0.5, -0.25, 1.0], [0.0, 0.75, -1.0]]
+    want = env.step(torch.tensor(values))
+    for action in (values, tuple(values), np.array(values), np.array(values, dtype=np.float32)):
+        env.load_state_dict(before)
+        got = env.step(action)
+        assert all(torch.equal(a, b) for a, b in zip(got[:4], want[:4], strict=True)), action
+    env.load_state_dict(before)
+    for junk in (["buy", "sell"], [[0.5], [0.5, 0.5]], None):
+        with pytest.raises(EnvError, match=r"^StockTradingEnv cannot read actions from a \w+ \([^)]*\)+; pass a "
+                                           r"torch\.Tensor, or a NumPy array or list of real numbers$"):
+            env.step(junk)
+    after = env.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)

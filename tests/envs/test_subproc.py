@@ -174,6 +174,25 @@ def test_bad_actions_are_refused_in_one_sentence_and_the_env_goes_on() -> None:
             env.close()
 
 
+def test_lists_and_numpy_actions_are_read_and_non_integral_discrete_ones_refused() -> None:
+    """The workers' envs get a list or NumPy array of actions as the same tensor (through the Gymnasium adapters'
+    shared reading); a float discrete action that is not a whole number is refused in one sentence before any worker
+    steps, one that is (1.0) is taken."""
+    sub = SubprocVecEnv(EchoEnv, num_envs=3, num_workers=1, env_kwargs={"box": False})
+    try:
+        sub.reset(seed=0)
+        for action in ([3, 0, 2], (3, 0, 2), np.array([3, 0, 2]), torch.tensor([3.0, 0.0, 2.0])):
+            obs, *_ = sub.step(action)
+            assert obs[:, 0].tolist() == [3.0, 0.0, 2.0], action
+        for action in (torch.tensor([0.7, 1.0, 2.0]), [1.0, 0.5, 0.0]):
+            with pytest.raises(EnvError, match=r"^the env takes discrete actions as whole numbers, got 0\.[57]; pass "
+                                               r"integer actions \(an int64 tensor"):
+                sub.step(action)
+        obs, *_ = sub.step([1, 2, 3])  # nothing was sent to the workers: they are still in step
+        assert obs[:, 0].tolist() == [1.0, 2.0, 3.0]
+    finally:
+        sub.close()
+
 def test_raising_worker_is_reported_by_name() -> None:
     env = SubprocVecEnv(EchoEnv, num_envs=4, num_workers=2, env_kwargs={"bad_seed": 13})
     pids = env.worker_pids

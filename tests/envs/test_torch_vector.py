@@ -293,6 +293,41 @@ def test_unsupported_spaces_and_bad_actions_are_one_sentence() -> None:
     env.close()
 
 
+
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
+def test_lists_and_numpy_actions_are_read_and_non_integral_discrete_ones_refused(env_id: str) -> None:
+    """A list or NumPy array of actions steps as the same tensor (the simulator still gets a tensor); a float discrete
+    action that is not a whole number is refused in one sentence (not truncated to an int) and one that is (1.0) is
+    taken; NaN discrete actions are refused as the agent's divergence; what is not numbers is refused in one sentence
+    naming what the env takes. The simulator is not stepped by a refused action."""
+    spy = torch_env(env_id, 2)
+    env = TorchVectorEnv(spy)
+    values = [0, 1] if env.is_discrete else [[0.5], [-0.25]]
+    env.reset(seed=3)
+    want = env.step(torch.tensor(values))
+    actions: list[Any] = [values, tuple(values), np.array(values)]
+    if env.is_discrete:
+        actions.append(torch.tensor([0.0, 1.0]))
+    for action in actions:
+        env.reset(seed=3)
+        got = env.step(action)
+        assert all(torch.equal(a, b) for a, b in zip(got[:4], want[:4], strict=True)), action
+    assert set(spy.types) == {torch.Tensor}
+    steps = len(spy.types)
+    if env.is_discrete:
+        for action in (torch.tensor([0.7, 1.5]), [1.0, 0.5], np.array([0.0, 1.5])):
+            with pytest.raises(EnvError, match=r"^the env takes discrete actions as whole numbers, got [01]\.[57]; "
+                                               r"pass integer actions \(an int64 tensor"):
+                env.step(action)
+        with pytest.raises(EnvError, match=r"^the agent's actions became NaN or infinite"):
+            env.step(torch.tensor([0.0, float("nan")]))
+    for junk in (["left", "right"], None, np.array(["a", "b"])):
+        with pytest.raises(EnvError, match=r"^the env cannot read actions from a \w+ \([^)]*\); pass a "
+                                           r"torch\.Tensor, or a NumPy array or list of real numbers$"):
+            env.step(junk)
+    assert len(spy.types) == steps
+    env.close()
+
 class TinyImages(gym.Env):
     """uint8 image observations (1, 8, 8) whose pixels count the steps; episodes of 3 steps."""
 

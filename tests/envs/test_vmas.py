@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import math
 import sys
+from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -165,6 +167,37 @@ def test_bad_actions_are_refused_in_one_sentence_and_the_env_goes_on() -> None:
     obs, *_ = env.step(torch.zeros(2, 3, dtype=torch.long))
     assert obs.shape == (2, 3, 16)
 
+
+@pytest.mark.parametrize("continuous", [False, True])
+def test_lists_and_numpy_actions_are_read_and_non_integral_discrete_ones_refused(continuous: bool) -> None:
+    """A list, tuple or NumPy array of (N, agents) or (N, agents, action_dim) actions steps as the same tensor would;
+    a float discrete action that is not a whole number (0.7) is refused in one sentence (not truncated to an int),
+    one that is (1.0) is taken; what is not numbers is refused in one sentence naming what the env takes. Refused
+    actions reach no sub-env."""
+    env = make_vmas_env("balance", 2, seed=0, continuous=continuous)
+    values = [[[0.5, -0.25], [1.0, 0.0], [-1.0, 0.75]], [[0.0, 0.0]] * 3] if continuous else [[0, 3, 8], [4, 2, 0]]
+    env.reset(seed=3)
+    want = env.step(torch.tensor(values))
+    actions: list[Any] = [values, tuple(values), np.array(values)]
+    if not continuous:
+        actions.append(torch.tensor(values, dtype=torch.float32))
+    for action in actions:
+        env.reset(seed=3)
+        got = env.step(action)
+        assert all(torch.equal(a, b) for a, b in zip(got[:4], want[:4], strict=True)), action
+    env.reset(seed=3)
+    bad: list[Any] = [] if continuous else [torch.full((2, 3), 0.7), [[1.0, 0.5, 0.0], [0.0] * 3],
+                                            np.full((2, 3), 0.7)]
+    for action in bad:
+        with pytest.raises(EnvError, match=r"^the env takes discrete actions as whole numbers, got 0\.[57]; pass "
+                                           r"integer actions \(an int64 tensor"):
+            env.step(action)
+    for junk in (["left", "right"], [[0], [1, 0]], None, np.array(["a", "b"])):
+        with pytest.raises(EnvError, match=r"^the env cannot read actions from a \w+ \([^)]*\)+; pass a "
+                                           r"torch\.Tensor, or a NumPy array or list of real numbers$"):
+            env.step(junk)
+    got = env.step(values)  # the first step after the reset: nothing refused reached a sub-env
+    assert all(torch.equal(a, b) for a, b in zip(got[:4], want[:4], strict=True))
 
 def test_non_finite_rewards_from_the_scenario_are_reported() -> None:
     env = make_vmas_env("navigation", 2, seed=0)
