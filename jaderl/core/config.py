@@ -158,9 +158,9 @@ def _coerce(name: str, value: Any, hint: Any) -> Any:
         hint = next(a for a in args if a is not type(None))
     origin = typing.get_origin(hint)
     if origin is list:
-        if isinstance(value, (list, tuple)) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        if isinstance(value, (list, tuple)) and all(type(v) is int and abs(v) < 2**63 for v in value):  # (int64)
             return list(value)
-        raise ConfigError(f"{name}={value!r} is invalid: expected a list of integers")
+        raise ConfigError(f"{name}={value!r} is invalid: expected a list of integers, each below 2**63 in size")
     if hint in (bool, int) and type(value) is hint:  # not isinstance: True is an int
         return value
     if hint is int and isinstance(value, float) and value.is_integer():
@@ -180,8 +180,8 @@ def _check_range(field: dataclasses.Field, value: Any) -> None:
     low, high, open_low = field.metadata.get("low"), field.metadata.get("high"), field.metadata.get("open_low")
     if value is None or isinstance(value, (str, list, bool)):
         return
-    too_low = low is not None and (value <= low if open_low else value < low)
-    too_high = high is not None and value > high
-    if too_low or too_high:
+    if (low is not None and (value <= low if open_low else value < low)) or (high is not None and value > high):
         lo, hi = "" if low is None else (f"> {low}" if open_low else f">= {low}"), "" if high is None else f"<= {high}"
         raise ConfigError(f"{field.name}={value} is out of range: it must be {' and '.join(filter(None, [lo, hi]))}")
+    if isinstance(value, int) and abs(value) >= 2**63:  # torch's and NumPy's integers are 64-bit
+        raise ConfigError(f"{field.name}={value} is invalid: expected an int below 2**63 in size (a 64-bit integer)")

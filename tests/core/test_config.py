@@ -96,6 +96,20 @@ def test_numbers_too_large_for_a_float_name_the_field(tmp_path: Path) -> None:
         parse_assignment(f"lr={huge}")
 
 
+def test_integers_too_large_for_int64_name_the_field() -> None:
+    """Integer settings end up in torch and NumPy as 64-bit integers: a larger one (or a float of that size) is one
+    sentence naming the field, not an overflow deep inside a run's set-up."""
+    big = 10**50
+    for settings, match in (({"seed": big}, r"^seed=1000+ is invalid: expected an int below 2\*\*63 in size"),
+                            ({"total_steps": 2**63}, r"^total_steps=9223372036854775808 is invalid: expected an int "),
+                            ({"total_steps": 1e30}, r"^total_steps=10+19884624838656 is invalid: expected an int "),
+                            ({"hidden": [64, big]}, r"^hidden=\[64, 1000+\] is invalid: expected a list of integers, "
+                                                    r"each below 2\*\*63 in size$")):
+        with pytest.raises(ConfigError, match=match):
+            make_config("ppo", "jaderl/CartPole-v1", **settings)
+    assert make_config("ppo", "jaderl/CartPole-v1", seed=2**63 - 1).seed == 2**63 - 1
+
+
 def test_infinite_policy_settings_are_rejected_before_a_run_starts() -> None:
     """An infinite initial log-std would fail only mid-run, blamed on the env's rewards."""
     with pytest.raises(ConfigError, match=r"^log_std_init=inf is invalid"):
