@@ -71,6 +71,8 @@ class MultiAgent:
             return "it has no global state; wrap it to provide one (global_state())"
         if len(spec.obs_shape) != 1:
             return f"its observations have shape {spec.obs_shape}; multi-agent algorithms take vectors"
+        if len(spec.state_shape) != 1:  # the critics, mixers and the state normaliser read (..., state_dim)
+            return f"its global state has shape {spec.state_shape}; multi-agent algorithms take a vector (flatten it)"
         return None
 
     def features(self, obs: torch.Tensor) -> torch.Tensor:

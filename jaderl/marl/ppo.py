@@ -28,9 +28,11 @@ the critic predicts values in units of a running mean and standard deviation of 
 running statistic: checkpointed, and merged exactly by data-parallel learners before any of them normalises its
 targets with it); GAE reads the denormalised predictions, and the value loss compares the prediction with the
 normalised target. The statistics are those of every target seen (the paper's exponential average with beta =
-0.99999 is nearly that), updated once per rollout before its epochs. The actor and the critic are tanh MLPs
-(``activation``) trained by one Adam (the paper's two optimizers share one learning rate). Discrete and continuous
-actions; the defaults are tuned for ``jaderl/simple_spread``.
+0.99999 is nearly that), updated once per rollout before its epochs; as in the paper's code, the variance is floored at
+1e-2 (:class:`ValueNorm`), so targets that have barely varied yet (a sparse reward before its first success) are not
+scaled up without bound. The actor and the critic are tanh MLPs (``activation``) trained by one Adam (the paper's two
+optimizers share one learning rate). Discrete and continuous actions; the defaults are tuned for
+``jaderl/simple_spread``.
 """
 
 from __future__ import annotations
@@ -51,6 +53,32 @@ from jaderl.core.config import ConfigError, param
 from jaderl.core.nets import ObsNorm, mlp
 from jaderl.envs.vec import EnvSpec
 from jaderl.marl.base import MultiAgent
+
+
+class ValueNorm(ObsNorm):
+    """The running mean and variance of the value targets (an :class:`~jaderl.core.nets.ObsNorm` of scalars, so that
+    checkpoints and data-parallel learners treat it as every normaliser), with the variance that scales values
+    floored at ``min_var``: the MAPPO code's ``ValueNorm`` floors it at 1e-2 (a standard deviation of 0.1). Without
+    the floor, targets that have barely varied so far (a sparse reward before its first success, a critic that
+    learned to predict 0 for them) leave a variance near 0, and the first reward that differs becomes a normalised
+    target of tens to thousands, whose value loss dominates the gradient norm the actor and the critic are clipped
+    to together."""
+
+    def __init__(self, enabled: bool, min_var: float = 1e-2) -> None:
+        super().__init__((1,), enabled, clip=math.inf)
+        self.min_var = min_var
+
+    def scale(self) -> torch.Tensor:
+        """The standard deviation values are scaled by, (1,): that of the targets, at least sqrt(min_var)."""
+        return self.var.clamp(min=self.min_var).sqrt()
+
+    def forward(self, value: torch.Tensor) -> torch.Tensor:
+        """Values in reward units as the critic's normalised units (unchanged when disabled)."""
+        return (value.float() - self.mean) / self.scale() if self.enabled else value.float()
+
+    def denormalize(self, value: torch.Tensor) -> torch.Tensor:
+        """The critic's normalised values in reward units (unchanged when disabled)."""
+        return value * self.scale() + self.mean if self.enabled else value
 
 
 @dataclasses.dataclass
@@ -80,7 +108,7 @@ class MAPPOConfig(OnPolicyConfig):
     bootstrap_truncated: bool = param(False, "a truncated episode's last step bootstraps from the value of the state "
                                       "it reached; false ends the returns there, as MAPPO and IPPO do")
     normalize_values: bool = param(True, "the critic predicts values normalised by a running mean and standard "
-                                   "deviation of the value targets (MAPPO's use_valuenorm)")
+                                   "deviation (at least 0.1) of the value targets (MAPPO's use_valuenorm)")
 
     def validate(self) -> None:
         rollout = self.num_envs * max(1, self.workers) * self.horizon
@@ -113,7 +141,7 @@ class MAPPO(MultiAgent, OnPolicyAgent):
         self.critic = mlp([critic_in, *config.hidden, 1], ACTIVATIONS[config.activation], out_gain=1.0).to(device)
         self.optimizer.add_param_group({"params": list(self.critic.parameters())})
         # values normalised by the targets' running statistics (the state like the observations: MultiAgent)
-        self.value_norm = ObsNorm((1,), config.normalize_values, clip=math.inf).to(device)
+        self.value_norm = ValueNorm(config.normalize_values).to(device)
 
     def learns_team_reward(self) -> bool:
         return self.config.centralised_critic
@@ -129,8 +157,8 @@ class MAPPO(MultiAgent, OnPolicyAgent):
         return self.critic(self.features(obs)).squeeze(-1)
 
     def denormalize(self, value: torch.Tensor) -> torch.Tensor:
-        norm = self.value_norm
-        return value * (norm.var + 1e-8).sqrt() + norm.mean if norm.enabled else value
+        """The critic's values in reward units (:meth:`ValueNorm.denormalize`)."""
+        return self.value_norm.denormalize(value)
 
     def returns(self, data: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """GAE advantages, value targets and the critic's values (T, N, K) of a rollout, in reward units: K = 1 and

@@ -160,6 +160,38 @@ def test_value_normalisation_tracks_every_target_and_the_critic_learns_normalise
     torch.testing.assert_close(buffer.data["value_target"], target)  # raw targets when it is off
 
 
+@pytest.mark.parametrize("algo", ["mappo", "ippo"])
+def test_value_normalisation_floors_the_variance_as_the_mappo_code_does(algo: str) -> None:
+    """A long history of equal targets (a sparse reward before its first success) leaves a variance near 0; values
+    are scaled by a standard deviation of at least 0.1 (the MAPPO code's ValueNorm: variance clamped at 1e-2), so the
+    first success is a normalised target of 10, not of thousands."""
+    agent = make_agent(algo, num_epochs=1, minibatch_size=T * N)
+    agent.value_norm.count.fill_(1e6)  # a million targets of 0 seen so far
+    agent.value_norm.mean.fill_(0.0)
+    agent.value_norm.var.fill_(0.0)
+    with torch.no_grad():
+        for p in agent.critic.parameters():  # the critic learned to predict 0 for them
+            p.zero_()
+    data = random_rollout()
+    data["reward"].zero_()
+    data["reward"][2, 1] = 1.0  # the first success: every agent of sub-env 1 at step 2
+    data["terminated"].zero_()
+    data["truncated"].zero_()
+    with torch.no_grad():
+        target = agent.returns(data)[1]
+    buffer = RolloutBuffer()
+    buffer.add(data)
+    agent.update(buffer)
+    assert float(agent.value_norm.var) < 1e-4  # the statistics themselves are exact
+    torch.testing.assert_close(buffer.data["value_target"], (target - agent.value_norm.mean) / 0.1)
+    assert float(buffer.data["value_target"].abs().max()) < 40.0
+    # the critic's outputs are read back with the same floored scale
+    with torch.no_grad():
+        raw = agent.value(data["obs"], data["state"])
+        torch.testing.assert_close(agent.denormalize(raw), raw * 0.1 + agent.value_norm.mean)
+        torch.testing.assert_close(agent.value_norm(agent.denormalize(raw)), raw)
+
+
 @pytest.mark.parametrize("env", [ENV, f"{ENV}?continuous=true"])
 def test_update_learns_and_act_gives_every_agent_an_action(env: str) -> None:
     agent = make_agent("mappo", env=env)
@@ -206,6 +238,16 @@ def test_refuses_single_agent_envs_and_checks_its_settings() -> None:
         make_config("mappo", ENV, num_envs=2, horizon=5, minibatch_size=1)
     make_config("ippo", ENV, num_envs=2, horizon=5, minibatch_size=1)  # IPPO: one advantage per agent
     make_config("mappo", ENV, num_envs=2, horizon=5, minibatch_size=1, normalize_advantages=False)
+
+
+@pytest.mark.parametrize("algo", ["mappo", "qmix", "maddpg"])
+def test_every_multi_agent_algorithm_refuses_a_global_state_that_is_no_vector(algo: str) -> None:
+    """The critics, mixers and the state normaliser read (..., state_dim): a state of another shape is refused in one
+    sentence instead of failing in a matrix product."""
+    spec = make_env(ENV, 1, "cpu").spec.replace(state_shape=(AGENTS, STATE_DIM // AGENTS))
+    reason = ALGOS[algo].agent_cls.accepts(spec)
+    assert reason is not None and "global state has shape (3, 18)" in reason and reason.count(".") == 0
+    assert ALGOS[algo].agent_cls.accepts(make_env(ENV, 1, "cpu").spec) is None
 
 
 def test_registry_presets_and_hyperparameter_ranges() -> None:
