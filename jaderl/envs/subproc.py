@@ -57,6 +57,9 @@ _POLL_S = 0.25
 """How often the parent checks that the workers it waits on are still alive."""
 _SPIN_S = 1e-3
 """With ``spin``, how long a process that waits for the other side polls its pipe before it sleeps in the kernel."""
+END_SIGNAL = signal.SIGUSR1
+"""How the parent ends a worker that did not close when told: its default action ends the process, as SIGTERM's would,
+while SIGTERM itself is ignored by the workers (a stop sent to the whole run is the parent's to handle)."""
 
 
 def _wait(poller: select.poll, spin_s: float, timeout_ms: float) -> list[tuple[int, int]]:
@@ -115,7 +118,10 @@ def _error_line(exc: BaseException) -> str:
 
 def _worker(conn: mpc.Connection, factory: Callable[[], gym.Env], start: int, stop: int, spin_s: float) -> None:
     """Own sub-envs ``start..stop-1``: build them, then serve reset/step requests until told to close."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it then closes the workers
+    # Ctrl-C, and SIGTERM sent to every process of the run (`kill -- -PGID`, a job scheduler), are the parent's to
+    # handle: it stops after its step and then closes the workers (a worker that must end now gets END_SIGNAL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     envs: list[gym.Env] = []
     shm = None
     where = [start]  # the sub-env being built or stepped, for error messages
@@ -220,8 +226,9 @@ class _Workers:
         for process in self.processes:
             process.join(timeout=max(0.0, deadline - time.monotonic()))
         for process in self.processes:
-            if process.is_alive():
-                process.terminate()
+            if process.is_alive() and process.pid is not None:  # (it ignores SIGTERM)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(process.pid, END_SIGNAL)
                 process.join(timeout=1.0)
             if process.is_alive():
                 process.kill()

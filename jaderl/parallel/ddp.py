@@ -21,8 +21,11 @@ learner's data. Processes are started with ``spawn`` (safe with threads and CUDA
 (learner r on ``cuda:base+r``), and rendezvous through a TCP store held by the parent process on 127.0.0.1.
 
 The parent watches the learners: a learner that raises or dies is reported by rank with its error within a second
-or two, and the others are stopped; Ctrl-C (learners ignore SIGINT) asks learner 0 for a last checkpoint through
-the run directory's ``stop`` file and stops everyone; learners also exit when the parent process dies.
+or two, and the others are ended at once (:data:`~jaderl.parallel.exits.END_SIGNAL`, then SIGKILL); Ctrl-C to the
+parent (learners ignore SIGINT) asks learner 0 for a last checkpoint through the run directory's ``stop`` file and
+stops everyone, and so does SIGTERM to any of the processes (the parent's turns into a Ctrl-C; a learner's touches
+the ``stop`` file itself), so that ``kill -- -PGID`` or a job scheduler's SIGTERM to every process of the job stops
+the run after a last checkpoint; learners also exit when the parent process dies.
 """
 
 from __future__ import annotations
@@ -55,7 +58,7 @@ from jaderl.core.config import Config, ConfigError
 from jaderl.core.loop import TrainingError, TrainResult, prepare_run_dir, resolve_device, train
 from jaderl.core.nets import ObsNorm
 from jaderl.envs.vec import EnvError
-from jaderl.parallel.exits import SIGTERM_EXIT, describe_exit, exit_on_sigterm, signals_ignored
+from jaderl.parallel.exits import END_SIGNAL, ENDED_EXIT, SIGTERM_EXIT, describe_exit, signals_ignored, stop_on_sigterm
 from jaderl.parallel.fusion import all_reduce_mean_, state_tensors
 
 SEED_STRIDE = 10_007
@@ -66,7 +69,7 @@ COLLECTIVE_TIMEOUT = timedelta(minutes=30)
 """How long a learner waits in a collective (learner 0's evaluations and checkpoints happen while others wait);
 a dead peer is caught much sooner by the parent's watch."""
 STOP_GRACE_S = 60.0
-"""After Ctrl-C, how long the parent waits for the last checkpoint before it ends the learners."""
+"""After Ctrl-C (or SIGTERM) to the parent, how long it waits for the last checkpoint before it ends the learners."""
 REASONS = ("", "total_steps", "time_limit", "stop_file", "solved")
 """The stop reasons of :func:`jaderl.core.loop.train`, broadcast by index."""
 PASSED_ERRORS: dict[str, type[Exception]] = {"ConfigError": ConfigError, "EnvError": EnvError,
@@ -245,10 +248,13 @@ def _die_with_parent() -> None:
 
 
 def _learner(rank: int, world: int, port: int, config: Config, agent_cls: type[Agent], resume: bool,
-             cuda_index: int | None, messages: Any) -> None:
-    """One learner process: join the group, run the training loop, report the result (learner 0) or the error."""
+             cuda_index: int | None, messages: Any, stop_file: Path) -> None:
+    """One learner process: join the group, run the training loop, report the result (learner 0) or the error.
+    SIGTERM touches ``stop_file`` (the run directory's ``stop`` file): the learners stop at the next step learner 0
+    reads it, after a last checkpoint; a second SIGTERM, or :data:`END_SIGNAL` from the parent, ends it at once
+    (``SystemExit``: the loop's finally blocks close the env, its worker processes and the files)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent turns Ctrl-C into a stop file
-    exit_on_sigterm()  # the loop's finally blocks close the env (and its worker processes) and the files
+    stop_on_sigterm(stop_file)
     _die_with_parent()
     try:
         if cuda_index is not None:
@@ -263,8 +269,8 @@ def _learner(rank: int, world: int, port: int, config: Config, agent_cls: type[A
         dist.destroy_process_group()
         code = 0
     except BaseException as exc:  # every failure goes to the parent, which reports it by rank
-        if isinstance(exc, SystemExit) and exc.code == SIGTERM_EXIT:
-            code = SIGTERM_EXIT  # nothing to report: the parent stopped it, or says that SIGTERM did
+        if isinstance(exc, SystemExit) and exc.code in (SIGTERM_EXIT, ENDED_EXIT):
+            code = exc.code  # nothing to report: the parent ended it, or says that a second SIGTERM did
         else:
             messages.put(("error", rank, type(exc).__name__, str(exc) or repr(exc), traceback.format_exc()))
             code = 1
@@ -355,11 +361,13 @@ def _prepare_learner_dir(config: Config, rank: int, resume: bool) -> None:
 
 
 def _stop(processes: list[Any], grace_s: float = 3.0) -> None:
-    """End every learner still running: SIGTERM, then SIGKILL after ``grace_s``; reap them all."""
+    """End every learner still running at once: :data:`END_SIGNAL` (SIGTERM would only ask for a stop at the next
+    step), then SIGKILL after ``grace_s``; reap them all."""
     started = [p for p in processes if p.pid is not None]
     for p in started:
-        if p.is_alive():
-            p.terminate()
+        if p.exitcode is None:  # not reaped yet, so its pid is still its own
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p.pid, END_SIGNAL)
     deadline = time.monotonic() + grace_s
     for p in started:
         p.join(max(0.0, deadline - time.monotonic()))
@@ -382,11 +390,13 @@ def train_ddp(config: Config, agent_cls: type[Agent], resume: bool = False,
     messages = ctx.Queue()
     processes = [ctx.Process(target=_learner, name=f"jaderl-learner-{rank}",
                              args=(rank, config.learners, store.port, learner_config(config, rank), agent_cls, resume,
-                                   devices[rank], messages))
+                                   devices[rank], messages, (run_dir / "stop").absolute()))
                  for rank in range(config.learners)]
     setup_failed = False
     try:
-        with signals_ignored(signal.SIGINT):  # the learners inherit the ignored SIGINT from their first instruction
+        # the learners inherit the ignored SIGINT and SIGTERM from their first instruction; a SIGTERM asks for a
+        # stop from the moment a learner installs its handler (stop_on_sigterm), the parent's own asks at once
+        with signals_ignored(signal.SIGINT, signal.SIGTERM):
             for p in processes:
                 p.start()
         return _watch(processes, messages, run_dir, progress)
@@ -406,7 +416,9 @@ def train_ddp(config: Config, agent_cls: type[Agent], resume: bool = False,
 def _watch(processes: list[Any], messages: Any, run_dir: Path,
            progress: Callable[[dict[str, Any]], None] | None) -> TrainResult:
     """Relay progress until learner 0 reports its result and every learner has exited; on the first failure
-    report the learner that failed. Ctrl-C writes the stop file (a second one, or a slow stop, ends everyone)."""
+    report the learner that failed. Ctrl-C (or SIGTERM, under :func:`jaderl.interrupts.sigterm_as_ctrl_c`) writes the
+    stop file (a second one, or a slow stop, ends everyone); the run then reports stop reason ``interrupted``, also
+    when a learner's own SIGTERM wrote the stop file first."""
     received: dict[str, Any] = {"result": None, "errors": []}
     interrupted_at: float | None = None
 

@@ -7,15 +7,43 @@ import signal
 import sys
 import threading
 from collections.abc import Iterator
+from pathlib import Path
+from types import FrameType
 
 SIGTERM_EXIT = 128 + signal.SIGTERM
 """The exit code of a child ended by SIGTERM: it raised SystemExit, so its ``finally`` blocks (closing envs, their
 worker processes and shared memory, and files) ran before it exited."""
+END_SIGNAL = signal.SIGUSR1
+"""The signal with which a parent ends a child that must stop now (the survivors of a failed run), where SIGTERM
+from outside is a request to stop the run (:func:`stop_on_sigterm`)."""
+ENDED_EXIT = 128 + END_SIGNAL
+"""The exit code of a child ended by :data:`END_SIGNAL`: like :data:`SIGTERM_EXIT`, its ``finally`` blocks ran."""
 
 
 def exit_on_sigterm() -> None:
     """In a child: turn SIGTERM into ``SystemExit(SIGTERM_EXIT)`` instead of an immediate death."""
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(SIGTERM_EXIT))
+
+
+def stop_on_sigterm(stop_file: Path) -> None:
+    """In a child that trains with others (a data-parallel learner): SIGTERM asks the run to stop, as Ctrl-C to the
+    parent does. The first touches ``stop_file`` (the run directory's ``stop`` file, which the main learner reads
+    between steps, so that every learner stops at the same step after a last checkpoint) and training goes on until
+    then; a second SIGTERM, or one whose stop file cannot be written, raises ``SystemExit(SIGTERM_EXIT)`` at once.
+    :data:`END_SIGNAL` raises ``SystemExit(ENDED_EXIT)`` at once: the parent's way to end the child now."""
+    requested: list[int] = []
+
+    def request_stop(signum: int, frame: FrameType | None) -> None:
+        if requested:  # already stopping: end now, like a second Ctrl-C
+            sys.exit(SIGTERM_EXIT)
+        requested.append(signum)
+        try:
+            stop_file.touch()
+        except OSError:  # the request cannot reach the main learner: end now, the last checkpoint is kept
+            sys.exit(SIGTERM_EXIT)
+
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(END_SIGNAL, lambda *_: sys.exit(ENDED_EXIT))
 
 
 @contextlib.contextmanager
@@ -39,6 +67,8 @@ def describe_exit(code: int) -> str:
     """How a child that reported no error ended, from its exit code, as the end of a sentence naming it."""
     if code == SIGTERM_EXIT:
         return "was stopped by SIGTERM (sent from outside jaderl, e.g. by `kill` or a job scheduler)"
+    if code == ENDED_EXIT:
+        return f"was ended by {END_SIGNAL.name} (sent from outside jaderl)"
     if code < 0:
         with contextlib.suppress(ValueError):
             oom = " (out of memory, or killed from outside)" if -code == signal.SIGKILL else ""

@@ -414,3 +414,53 @@ def test_a_failing_set_up_closes_the_workers_at_once(tmp_path) -> None:
                      run_dir=str(tmp_path / "run"), device="cpu")
     assert failure.traceback  # the traceback, and with it the env, is still alive here
     assert not [p for p in mp.active_children() if p.name.startswith("jaderl-")]
+
+
+def test_sigterm_to_every_process_of_a_run_stops_it_after_a_last_checkpoint(tmp_path: Path) -> None:
+    """SIGTERM to the whole process group (`kill -- -PGID`, a job scheduler) of a run whose sub-envs step in worker
+    processes: the workers ignore it (here it reaches them a second before their parent, which steps them meanwhile),
+    so the run stops as on Ctrl-C, after its step, with a last checkpoint at the step where it stopped, and closes the
+    workers; no process of the run is left."""
+    import contextlib
+    import json
+    import subprocess
+    import sys
+
+    from jaderl.core.checkpoint import load_checkpoint
+
+    run_dir = tmp_path / "run"
+    command = [sys.executable, "-m", "jaderl.cli", "train", "ppo", "CartPole-v1", "--num-envs", "4", "--set",
+               "env_workers=2", "--set", "minibatch_size=64", "--total-steps", "1000000000", "--eval-every", "512",
+               "--run-dir", str(run_dir),
+               "--json", "--device", "cpu", "--no-zoo"]
+    proc = subprocess.Popen(command, cwd=Path(__file__).resolve().parents[2], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+    def session() -> list[str]:
+        return subprocess.run(["pgrep", "-s", str(proc.pid)], capture_output=True, text=True).stdout.split()
+
+    try:
+        deadline = time.monotonic() + 60
+        while not (run_dir / "metrics.csv").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(0.5)
+        assert len(session()) >= 3, "the run and its two env workers"
+        for pid in session():  # the workers' SIGTERM first, as when it reaches them before their parent acts on its
+            if int(pid) != proc.pid:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(int(pid), signal.SIGTERM)
+        time.sleep(1.0)  # the run steps its workers meanwhile
+        os.killpg(proc.pid, signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 130, err  # stopped as on Ctrl-C, not failed
+    result = json.loads(out.splitlines()[-1])
+    assert result["stop_reason"] == "interrupted"
+    assert load_checkpoint(run_dir)["agent"]["counters"]["steps"] == result["steps"] > 0
+    deadline = time.monotonic() + 5.0  # multiprocessing's resource tracker exits once it sees its parent gone
+    while (survivors := session()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not survivors, f"processes of the run's session still alive: {survivors}"

@@ -1,6 +1,7 @@
 """Tests of data-parallel learners (jaderl.parallel.ddp): gradient averaging and state merging against single-process
 references (in threads joined by a gloo group), then real runs of 2 learner processes with gloo on CPU: identical
-state on every learner, global step counts, checkpoint + resume, the CLI, failures reported by learner, Ctrl-C."""
+state on every learner, global step counts, checkpoint + resume, the CLI, failures reported by learner, Ctrl-C,
+SIGTERM."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import contextlib
 import copy
 import io
 import json
+import multiprocessing as mp
 import os
 import shutil
 import signal
@@ -36,8 +38,10 @@ from jaderl.core.nets import ObsNorm
 from jaderl.envs import make_env
 from jaderl.parallel import ddp
 from jaderl.parallel.ddp import Learners, average_gradients, train_ddp
+from jaderl.parallel.exits import ENDED_EXIT, stop_on_sigterm
 from jaderl.parallel.fusion import state_tensors
 
+REPO = Path(__file__).resolve().parents[2]
 ENV = "jaderl/CartPole-v1"
 TINY = ["--device", "cpu", "--num-envs", "4", "--eval-episodes", "2", "--eval-every", "256", "--checkpoint-every",
         "256", "--seed", "3", "--set", "hidden=[32,32]", "--set", "horizon=32", "--set", "minibatch_size=64",
@@ -342,16 +346,16 @@ def test_a_learner_without_a_matching_checkpoint_gets_learner_0s(cli_run: tuple[
 
 
 class FailsOnLearner1(PPO):
-    """PPO whose learner 1 fails in its second update: it raises, or it is sent SIGKILL or SIGTERM (``mode``)."""
+    """PPO whose learner 1 fails in its second update: it raises, or it is sent SIGKILL (``mode``)."""
 
     mode = "raise"
 
     def update(self, buffer: Any) -> dict[str, torch.Tensor]:
         if dist.get_rank() == 1 and self.steps >= 512:
             (Path(self.config.run_dir) / "failed_at").write_text(str(time.time()))
-            if self.mode in ("kill", "term"):
-                os.kill(os.getpid(), signal.SIGKILL if self.mode == "kill" else signal.SIGTERM)
-                time.sleep(30)  # SIGTERM raises SystemExit here
+            if self.mode == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+                time.sleep(30)
             raise RuntimeError("injected failure")
         return super().update(buffer)
 
@@ -360,13 +364,20 @@ class KilledOnLearner1(FailsOnLearner1):
     mode = "kill"
 
 
-class TerminatedOnLearner1(FailsOnLearner1):
-    mode = "term"
+class TerminatedOnLearner1(PPO):
+    """PPO whose learner 1 is sent SIGTERM once, in its update from step 512 on (as `kill PID` sends it), and goes
+    on training; the step it was sent at is in ``learner-1/terminated_at``."""
+
+    def update(self, buffer: Any) -> dict[str, torch.Tensor]:
+        sent = Path(self.config.run_dir) / "terminated_at"
+        if dist.get_rank() == 1 and self.steps >= 512 and not sent.exists():
+            sent.write_text(str(self.steps))
+            os.kill(os.getpid(), signal.SIGTERM)
+        return super().update(buffer)
 
 
 @pytest.mark.parametrize(("agent_cls", "expected"), [(FailsOnLearner1, "learner 1 failed: RuntimeError: injected"),
-                                                     (KilledOnLearner1, "learner 1 was killed by SIGKILL"),
-                                                     (TerminatedOnLearner1, "learner 1 was stopped by SIGTERM")])
+                                                     (KilledOnLearner1, "learner 1 was killed by SIGKILL")])
 def test_a_failing_learner_is_reported_by_name(agent_cls: type[PPO], expected: str, tmp_path: Path,
                                                no_leftover_processes: None) -> None:
     config = make_config("ppo", ENV, total_steps=100_000, run_dir=str(tmp_path / "run"), **TINY_PPO)
@@ -376,6 +387,87 @@ def test_a_failing_learner_is_reported_by_name(agent_cls: type[PPO], expected: s
                                     f"{tmp_path / 'run'}`")  # the fix, in the same sentence
     failed_at = float((tmp_path / "run" / "learner-1" / "failed_at").read_text())
     assert time.time() - failed_at < 10.0
+
+
+def test_sigterm_to_a_learner_stops_the_run_after_a_last_checkpoint(tmp_path: Path,
+                                                                    no_leftover_processes: None) -> None:
+    """SIGTERM to one learner asks the run to stop, as Ctrl-C to the parent does: the learner touches the run's stop
+    file and every learner stops at the next step learner 0 reads it, each after a last checkpoint at that step (here
+    the only one: no periodic checkpoint is due before step 100,000)."""
+    run_dir = tmp_path / "run"
+    config = make_config("ppo", ENV, total_steps=100_000, run_dir=str(run_dir),
+                         **(TINY_PPO | {"checkpoint_every": 100_000}))
+    result = train_ddp(config, TerminatedOnLearner1)
+    sent_at = int((run_dir / "learner-1" / "terminated_at").read_text())
+    assert result.stop_reason == "stop_file"  # the parent was not signalled: the stop file's reason
+    assert 512 <= sent_at <= result.steps <= sent_at + 2 * 256  # within a step or two (256 env steps each)
+    assert _assert_learners_identical(run_dir) == result.steps  # every learner checkpointed at the stop step
+    assert not (run_dir / "stop").exists()
+
+
+@pytest.mark.parametrize(("then", "code"), [(signal.SIGTERM, 128 + signal.SIGTERM),
+                                            (signal.SIGUSR1, 128 + signal.SIGUSR1)])
+def test_a_learners_first_sigterm_asks_for_a_stop_and_the_next_signal_ends_it(then: signal.Signals, code: int,
+                                                                              tmp_path: Path) -> None:
+    """A learner's first SIGTERM only touches the stop file; a second SIGTERM, or SIGUSR1 (the parent's way to end
+    the survivors of a failed run), ends it at once through SystemExit, so its finally blocks run."""
+    script = textwrap.dedent(f"""
+        import time
+        from pathlib import Path
+        from jaderl.parallel.exits import stop_on_sigterm
+
+        stop_on_sigterm(Path({str(tmp_path / "stop")!r}))
+        print("ready", flush=True)
+        try:
+            while True:
+                time.sleep(0.01)
+        finally:
+            Path({str(tmp_path / "closed")!r}).touch()
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+        proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        while not (tmp_path / "stop").exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert (tmp_path / "stop").exists() and proc.poll() is None  # asked for a stop, still running
+        assert not (tmp_path / "closed").exists()
+        proc.send_signal(then)
+        assert proc.wait(timeout=10) == code
+        assert (tmp_path / "closed").exists()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+def _until_ended(tmp_path: Path) -> None:
+    """A stand-in learner: stops on SIGTERM as a learner does, says it is ready, waits; its finally block leaves a
+    ``closed`` file."""
+    stop_on_sigterm(tmp_path / "stop")
+    try:
+        (tmp_path / "ready").touch()
+        while True:
+            time.sleep(0.01)
+    finally:
+        (tmp_path / "closed").touch()
+
+
+def test_the_parent_ends_a_learner_at_once_and_lets_it_close(tmp_path: Path, no_leftover_processes: None) -> None:
+    """The parent ends the survivors of a failed run with a signal that ends them at once (not SIGTERM, which only
+    asks for a stop), so they close their envs and files well within the grace period before SIGKILL."""
+    learner = mp.get_context("fork").Process(target=_until_ended, args=(tmp_path,), name="jaderl-learner-test")
+    learner.start()
+    deadline = time.monotonic() + 10
+    while not (tmp_path / "ready").exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    start = time.monotonic()
+    ddp._stop([learner], grace_s=10.0)
+    assert learner.exitcode == ENDED_EXIT and time.monotonic() - start < 5.0
+    assert (tmp_path / "closed").exists() and not (tmp_path / "stop").exists()
 
 
 def test_a_learner_whose_parent_died_while_it_started_exits(no_leftover_processes: None) -> None:
@@ -431,6 +523,47 @@ def test_ctrl_c_checkpoints_ends_every_learner_and_resumes(tmp_path: Path, no_le
     assert _assert_learners_identical(run_dir) == result.steps + 512
     metrics = [int(line.split(",")[0]) for line in (run_dir / "metrics.csv").read_text().splitlines()[1:]]
     assert metrics[-2:] == [result.steps + 256, result.steps + 512]
+
+
+def test_cli_sigterm_to_the_process_group_checkpoints_at_the_stop_step(tmp_path: Path) -> None:
+    """SIGTERM to every process of the run, as `kill -- -PGID` or a job scheduler (Slurm's scancel, a preemption)
+    sends it: the parent and the learners each ask for a stop, the learners stop together after a last checkpoint
+    at the stop step (the only one: no periodic checkpoint is due), and the command exits as after Ctrl-C, leaving
+    no process of its session behind."""
+    run_dir = tmp_path / "run"
+    tiny = list(TINY)
+    tiny[tiny.index("--checkpoint-every") + 1] = "1000000000"
+    command = [sys.executable, "-m", "jaderl.cli", "train", "ppo", ENV, "--learners", "2", "--total-steps",
+               "1000000000", "--run-dir", str(run_dir), "--json", *tiny]
+    proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+
+    def session() -> list[str]:
+        return subprocess.run(["pgrep", "-s", str(proc.pid)], capture_output=True, text=True).stdout.split()
+
+    try:
+        deadline = time.monotonic() + 120
+        metrics = run_dir / "metrics.csv"
+        while not (metrics.exists() and len(metrics.read_text().splitlines()) > 2) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert proc.poll() is None, proc.communicate()
+        os.killpg(proc.pid, signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 130, err  # stopped from outside, as by Ctrl-C, after its last checkpoint
+    result = json.loads(out.splitlines()[-1])
+    assert result["stop_reason"] == "interrupted" and result["steps"] > 0
+    assert _assert_learners_identical(run_dir) == result["steps"]
+    assert not (run_dir / "stop").exists()
+    deadline = time.monotonic() + 5.0  # multiprocessing's resource tracker exits once it sees its parent gone
+    while survivors := session():
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert not survivors, f"processes of the run's session still alive: {survivors}"
 
 
 def test_a_resumed_run_continues_bit_identically(tmp_path: Path, no_leftover_processes: None) -> None:
