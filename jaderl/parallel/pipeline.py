@@ -20,8 +20,9 @@ Robustness: processes are started with ``forkserver`` (safe with threads and CUD
 process that never touched either and has imported jaderl, so each starts in a fraction of a second). A worker or
 the evaluator that raises reports its error, one that dies is noticed by its exit code; either way the learner saves
 a checkpoint, stops the other processes and raises :class:`WorkerError` naming the process within about a second.
-Ctrl-C (workers ignore SIGINT; the learner handles it) and a ``stop`` file end every process after a last
-checkpoint. Workers also exit by themselves when the learner disappears. A run resumes from its checkpoints like a
+Ctrl-C (workers ignore SIGINT; the learner handles it), a ``stop`` file, and SIGTERM to any of the processes (the
+learner's stops like Ctrl-C; a worker's or the evaluator's writes the ``stop`` file), so also to all of them at once,
+end every process after a last checkpoint. Workers also exit by themselves when the learner disappears. A run resumes from its checkpoints like a
 single-process one.
 
 Workers and the evaluator act on the CPU; the learner uses ``config.device``.
@@ -40,6 +41,7 @@ import time
 import traceback
 from collections.abc import Callable, Iterator
 from multiprocessing.context import SpawnProcess
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -50,7 +52,7 @@ from jaderl.core.agent import Agent
 from jaderl.core.config import Config, ConfigError
 from jaderl.core.loop import PeerError, Trainer, TrainingError, TrainResult
 from jaderl.envs import EnvSpec, make_env
-from jaderl.parallel.exits import describe_exit, exit_on_sigterm, signals_ignored
+from jaderl.parallel.exits import END_SIGNAL, describe_exit, signals_ignored, stop_on_sigterm
 
 POLL_S = 0.5
 """How often a waiting process checks on the others (seconds)."""
@@ -111,11 +113,13 @@ def _exit_if_abandoned(shared: _Shared) -> None:
         raise SystemExit(0)
 
 
-def _child_main(name: str, shared: _Shared, body: Callable[[], None]) -> None:
-    """Run ``body`` in a child: SIGINT ignored (the learner decides), SIGTERM raising SystemExit (so ``finally``
-    blocks close envs and files), one thread, errors reported by name."""
+def _child_main(name: str, shared: _Shared, body: Callable[[], None], stop_file: Path) -> None:
+    """Run ``body`` in a child: SIGINT ignored (the learner decides), SIGTERM asking the run to stop through
+    ``stop_file`` (the run directory's ``stop`` file, which the learner reads between steps; a second SIGTERM, or the
+    learner's :data:`~jaderl.parallel.exits.END_SIGNAL`, raises SystemExit, so ``finally`` blocks close envs and
+    files), one thread, errors reported by name."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    exit_on_sigterm()
+    stop_on_sigterm(stop_file)
     torch.set_num_threads(1)
     try:
         body()
@@ -132,7 +136,7 @@ def _child_main(name: str, shared: _Shared, body: Callable[[], None]) -> None:
 
 
 def _explorer(worker: int, config_dict: dict[str, Any], agent_cls: type[Agent], shared: _Shared,
-              out: Any, go: Any) -> None:
+              out: Any, go: Any, stop_file: Path) -> None:
     def body() -> None:
         start_steps = shared.steps.value  # the learner's steps when it started the children
         config = agent_cls.config_cls.from_dict(config_dict)
@@ -174,14 +178,12 @@ def _explorer(worker: int, config_dict: dict[str, Any], agent_cls: type[Agent], 
             out.cancel_join_thread()  # exit even if the learner no longer reads this queue
             env.close()
 
-    _child_main(f"explorer worker {worker}", shared, body)
+    _child_main(f"explorer worker {worker}", shared, body, stop_file)
 
 
 def _evaluator(config_dict: dict[str, Any], agent_cls: type[Agent], shared: _Shared, requests: Any,
-               results: Any, rows: list[dict[str, float]]) -> None:
+               results: Any, rows: list[dict[str, float]], stop_file: Path) -> None:
     def body() -> None:
-        from pathlib import Path
-
         from jaderl.core.evaluator import Evaluator
 
         config = agent_cls.config_cls.from_dict(config_dict)
@@ -207,7 +209,7 @@ def _evaluator(config_dict: dict[str, Any], agent_cls: type[Agent], shared: _Sha
             results.cancel_join_thread()
             evaluator.close()
 
-    _child_main("evaluator", shared, body)
+    _child_main("evaluator", shared, body, stop_file)
 
 
 class _Pipeline:
@@ -231,14 +233,15 @@ class _Pipeline:
         self.pending_step: int | None = None  # the step of the evaluation under way
         self.rows: list[dict[str, float]] = []  # metrics.csv's rows, as the evaluator process wrote them
         self.best_return = -math.inf
+        self.stop_file = (Path(config.run_dir) / "stop").absolute()  # a child's SIGTERM asks for a stop through it
         # created now, started by start(): their arguments are sent then, with the rows and steps of that moment
         self.processes: dict[str, SpawnProcess] = {"evaluator": ctx.Process(
             target=_evaluator, name="jaderl-evaluator", daemon=True,
-            args=(config.to_dict(), agent_cls, self.shared, self.requests, self.results, self.rows))}
+            args=(config.to_dict(), agent_cls, self.shared, self.requests, self.results, self.rows, self.stop_file))}
         for w in range(config.workers):
             self.processes[f"explorer worker {w}"] = ctx.Process(
                 target=_explorer, name=f"jaderl-explorer{w}", daemon=config.env_workers == 0,
-                args=(w, config.to_dict(), agent_cls, self.shared, self.trajectories[w], self.go[w]))
+                args=(w, config.to_dict(), agent_cls, self.shared, self.trajectories[w], self.go[w], self.stop_file))
         self.started = False
 
     def start(self) -> None:
@@ -370,8 +373,9 @@ class _Pipeline:
         for process in started:
             process.join(max(0.0, deadline - time.monotonic()))
         for process in started:
-            if process.is_alive():
-                process.terminate()
+            if process.is_alive():  # (SIGTERM would only ask for a stop)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(process.pid, END_SIGNAL)
                 process.join(1.0)
             if process.is_alive():
                 process.kill()
@@ -379,6 +383,8 @@ class _Pipeline:
         for q in (*self.trajectories, self.requests, self.results, self.shared.errors):
             q.cancel_join_thread()
             q.close()
+        with contextlib.suppress(OSError):  # a stop a child's SIGTERM asked for when the run ended anyway (a resume
+            self.stop_file.unlink(missing_ok=True)  # would stop at once)
 
 
 class PipelineTrainer(Trainer):
