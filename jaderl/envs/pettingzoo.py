@@ -24,7 +24,7 @@ What the adapter decides, since PettingZoo leaves it open:
   env does not have, so other envs are refused with an :class:`~jaderl.envs.vec.EnvError`.
 * **Agents that leave early** (no longer in ``env.agents`` within an episode): on the step they leave they still
   get their reward and last observation; after it they observe zeros (the one-hot too) and get reward 0 until their
-  sub-env resets, and their actions are dropped.
+  sub-env resets, also where the env goes on reporting them (PettingZoo allows it), and their actions are dropped.
 * **Episodes**: a sub-env is done when all its agents have left (``env.agents`` is empty). It is ``truncated`` when
   any of the agents leaving on that step was truncated (PettingZoo's ``truncations``; MPE2's ``max_cycles``) and
   ``terminated`` when any of them was terminated or none was truncated, so both can be true, as with Gymnasium's
@@ -188,6 +188,8 @@ class _PackedLayout:
     state_dim: int
     has_state: bool
     """Whether the state is the env's ``state()``; otherwise it is the agents' raw observations, concatenated."""
+    discrete: bool
+    """Whether every agent's action is one ``Discrete`` integer (else a ``Box`` vector, of any dtype)."""
 
     @property
     def obs_size(self) -> int:
@@ -212,14 +214,14 @@ class _PackedParallelEnv(gym.Env):
         self.observation_space = gym.spaces.Box(-np.inf, np.inf, (layout.row_size,), np.float32)
         self.action_space = action_space
         self._one_hot = layout.obs.one_hot()
-        self._discrete = np.issubdtype(action_space.dtype, np.integer)
+        self._discrete = layout.discrete
         self._action_size = action_space.shape[0] // len(layout.agents)
         offsets = np.cumsum((0, *layout.obs.sizes))
         self._raw_slices = [slice(int(a), int(b)) for a, b in itertools.pairwise(offsets)]
 
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, dict]:
         obs, _ = self.env.reset(seed=seed)
-        return self._pack(obs, {}), {}
+        return self._pack(obs, {}, set(self.env.agents)), {}
 
     def step(self, action: np.ndarray) -> tuple[np.ndarray, float, bool, bool, dict]:
         per_agent = action if self._discrete else action.reshape(len(self.layout.agents), self._action_size)
@@ -227,18 +229,22 @@ class _PackedParallelEnv(gym.Env):
         actions = {name: (int(per_agent[i]) if self._discrete else per_agent[i])
                    for i, name in enumerate(self.layout.agents) if name in alive}
         obs, rewards, terminations, truncations, _ = self.env.step(actions)
+        # the agents of this step: those that acted (the ones leaving on it among them) and any that joined on it;
+        # PettingZoo lets an env go on reporting agents that left earlier, which observe zeros and get 0 here
+        present = alive | set(self.env.agents)
         done = not self.env.agents
-        truncated = done and any(truncations.values())
-        terminated = done and (any(terminations.values()) or not truncated)
-        return self._pack(obs, rewards), 0.0, terminated, truncated, {}
+        truncated = done and any(bool(truncations.get(name, False)) for name in present)
+        terminated = done and (any(bool(terminations.get(name, False)) for name in present) or not truncated)
+        return self._pack(obs, rewards, present), 0.0, terminated, truncated, {}
 
-    def _pack(self, obs: dict[str, Any], rewards: dict[str, float]) -> np.ndarray:
+    def _pack(self, obs: dict[str, Any], rewards: dict[str, float], present: set[str]) -> np.ndarray:
+        """One packed row of the observations and rewards of the ``present`` agents (the others get zeros)."""
         layout = self.layout
         row = np.zeros(layout.row_size, np.float32)
         agent_rows = row[:layout.obs_size].reshape(len(layout.agents), layout.obs.obs_dim)
         state = row[layout.obs_size:layout.obs_size + layout.state_dim]
         for i, name in enumerate(layout.agents):
-            if name not in obs:  # it has left this episode: zeros
+            if name not in present or name not in obs:  # it has left this episode (or not joined yet): zeros
                 continue
             flat = np.asarray(obs[name], dtype=np.float32).reshape(-1)
             agent_rows[i, :flat.size] = flat
@@ -247,7 +253,8 @@ class _PackedParallelEnv(gym.Env):
                 state[self._raw_slices[i]] = flat
         if layout.has_state:
             state[:] = np.asarray(self.env.state(), dtype=np.float32).reshape(-1)
-        row[layout.obs_size + layout.state_dim:] = [float(rewards.get(name, 0.0)) for name in layout.agents]
+        row[layout.obs_size + layout.state_dim:] = [float(rewards.get(name, 0.0)) if name in present else 0.0
+                                                    for name in layout.agents]
         check_finite("observation", agent_rows)
         check_finite("global state", state)
         check_finite("reward", row[layout.obs_size + layout.state_dim:])
@@ -266,7 +273,13 @@ class _PackedFactory:
         self.make, self.layout, self.action_space, self.__name__ = make, layout, action_space, name
 
     def __call__(self) -> _PackedParallelEnv:
-        return _PackedParallelEnv(self.make(), self.layout, self.action_space)
+        env = self.make()
+        try:
+            return _PackedParallelEnv(env, self.layout, self.action_space)
+        except BaseException:  # a sub-env of other agents: it is closed, not left open
+            with contextlib.suppress(Exception):
+                env.close()
+            raise
 
 
 class _PackedSubprocVecEnv(SubprocVecEnv):
@@ -375,7 +388,7 @@ class PettingZooVecEnv(VecEnv):
             # the spec's bounds: the shared ones, or every agent's, agent after agent
             self._low, self._high = (low[0], high[0]) if same else (low.reshape(-1), high.reshape(-1))
             action_space = gym.spaces.Box(low.reshape(-1).astype(dtype), high.reshape(-1).astype(dtype), dtype=dtype)
-        return _PackedLayout(agents, obs_layout, state_dim, has_state), action_space
+        return _PackedLayout(agents, obs_layout, state_dim, has_state, self.is_discrete), action_space
 
     # -- the contract --------------------------------------------------------------------------------------------
 
@@ -443,11 +456,14 @@ class PettingZooVecEnv(VecEnv):
             raise EnvError("the env is closed")
 
     def close(self) -> None:
+        """Close every sub-env (and stop the worker processes). An error of one sub-env's ``close`` is ignored, as
+        the worker processes ignore theirs, so every other sub-env is still closed."""
         if self._subproc is not None:
             self._subproc.close()
-        for env in self._envs:
-            env.close()
-        self._envs = []
+        envs, self._envs = self._envs, []
+        for env in envs:
+            with contextlib.suppress(Exception):
+                env.close()
 
     @property
     def worker_pids(self) -> list[int]:

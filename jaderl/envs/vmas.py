@@ -17,7 +17,9 @@ contract of :class:`~jaderl.envs.vec.EnvSpec` for the scenario's ``A`` policy ag
   :class:`~jaderl.envs.vec.EnvError` (checked in the step's first host synchronisation, below).
 * **Observations**: agents of different observation sizes or teams are zero-padded and get an agent-type one-hot,
   as in :mod:`jaderl.envs.pettingzoo` (:class:`~jaderl.envs.pettingzoo.AgentObsLayout`); teams come from the agent
-  names (``adversary_0`` -> ``adversary``). Scenarios that observe dicts are refused.
+  names (``adversary_0`` -> ``adversary``). Scenarios that observe dicts are refused, and so are ``vmas.make_env``'s
+  own options that change what it returns (``dict_spaces``, ``multidiscrete_actions``, ``wrapper`` ...: see
+  :data:`VMAS_OWN_OPTIONS`); every other option goes to the scenario.
 * **Global state** ``(N, state_dim)``: VMAS has no global state, so it is every agent's observation concatenated in
   agent order (without padding or one-hot).
 * **Episodes**: ``terminated`` is the scenario's ``done()``; ``truncated`` comes from VMAS's own step counter
@@ -51,6 +53,12 @@ __all__ = ["VmasVecEnv", "make_vmas_env"]
 
 VMAS_EXTRA = "pip install 'jaderl[vmas]'"
 
+VMAS_OWN_OPTIONS = ("continuous_actions", "terminated_truncated", "dict_spaces", "multidiscrete_actions", "wrapper",
+                    "wrapper_kwargs")
+"""Keywords of ``vmas.make_env`` itself that decide what the adapter reads (lists of per-agent tensors, ``Discrete``
+actions, separate terminated and truncated flags, VMAS's own env): jaderl sets them, so options of these names are
+refused rather than passed on."""
+
 
 class VmasVecEnv(VecEnv):
     """``num_envs`` sub-envs of a VMAS scenario on ``device`` (see the module docstring); ``kwargs`` go to the
@@ -68,6 +76,10 @@ class VmasVecEnv(VecEnv):
             raise EnvError(f"unknown VMAS scenario {scenario!r}; choose one of: {', '.join(known)}")
         if num_envs < 1:
             raise EnvError(f"num_envs ({num_envs}) must be at least 1")
+        own = [key for key in VMAS_OWN_OPTIONS if key in kwargs]
+        if own:
+            raise EnvError(f"VMAS option {own[0]} is jaderl's to set (it reads VMAS's lists of tensors and its "
+                           "Discrete or Box actions); remove it, and give continuous=true for continuous actions")
         if max_steps < 1:  # (VMAS's "no limit" would let an evaluation of a scenario that never ends run 100,000 steps)
             raise EnvError(f"VMAS option max_steps={max_steps} must be at least 1 (the steps after which an episode "
                            "is truncated), e.g. ?max_steps=100")

@@ -22,8 +22,8 @@ the evaluator that raises reports its error, one that dies is noticed by its exi
 a checkpoint, stops the other processes and raises :class:`WorkerError` naming the process within about a second.
 Ctrl-C (workers ignore SIGINT; the learner handles it), a ``stop`` file, and SIGTERM to any of the processes (the
 learner's stops like Ctrl-C; a worker's or the evaluator's writes the ``stop`` file), so also to all of them at once,
-end every process after a last checkpoint. Workers also exit by themselves when the learner disappears. A run resumes from its checkpoints like a
-single-process one.
+end every process after a last checkpoint. Workers also exit by themselves when the learner disappears. A run
+resumes from its checkpoints like a single-process one.
 
 Workers and the evaluator act on the CPU; the learner uses ``config.device``.
 """

@@ -215,6 +215,41 @@ def test_agents_that_leave_early_observe_zeros(workers: int) -> None:
         env.close()
 
 
+class GhostEnv(LifetimeEnv):
+    """:class:`LifetimeEnv` that goes on reporting worker_0 after it left (observation 99s, reward 55, terminated), as
+    PettingZoo's API allows (with a warning), and whose worker_1 is truncated, not terminated, when it leaves."""
+
+    def step(self, actions: dict[str, Any]) -> tuple[dict, dict, dict, dict, dict]:
+        alive = list(self.agents)
+        obs, rewards, terminations, truncations, infos = super().step(actions)
+        if "worker_1" in alive and "worker_1" not in self.agents:
+            terminations["worker_1"], truncations["worker_1"] = False, True
+        if "worker_0" not in alive:
+            obs["worker_0"], rewards["worker_0"], infos["worker_0"] = np.full(3, 99.0, np.float32), 55.0, {}
+            terminations["worker_0"], truncations["worker_0"] = True, False
+        return obs, rewards, terminations, truncations, infos
+
+
+def test_agents_an_env_goes_on_reporting_after_they_left_observe_zeros() -> None:
+    """worker_0 leaves after 2 steps but the env still reports it: it observes zeros and gets reward 0 all the same,
+    and its old termination does not make the episode's end, worker_1's truncation at step 4, a termination."""
+    env = make_pettingzoo_env(GhostEnv, 2)
+    try:
+        env.reset(seed=0)
+        for step in range(1, 5):
+            obs, reward, terminated, truncated, info = env.step(torch.zeros(2, 2, dtype=torch.long))
+            if step >= 3:
+                assert (info["final_obs"][:, 0] == 0).all() and (reward[:, 0] == 0).all(), step
+                assert (info["final_state"][:, :3] == 0).all(), step  # no state(): the observations side by side
+            if step == 3:  # (step 4 ends the episode: obs is the next one's first)
+                assert (obs[:, 0] == 0).all() and (env.global_state()[:, :3] == 0).all()
+            assert torch.equal(reward[:, 1], torch.full((2,), 10.0 * step + 1)), step
+            assert truncated.all() == (step == 4) and truncated.any() == (step == 4), step
+            assert not terminated.any(), step
+    finally:
+        env.close()
+
+
 @pytest.mark.parametrize("workers", [0, 1])
 def test_bad_actions_are_refused_in_one_sentence_and_the_env_goes_on(workers: int) -> None:
     env = make_pettingzoo_env("mpe2.simple_spread_v3", 2, seed=0, workers=workers)
@@ -350,6 +385,47 @@ def test_sub_envs_built_before_one_that_fails_are_closed() -> None:
     assert sorted(closed) == [1, 2]
 
 
+def test_a_sub_env_of_other_agents_is_closed_too() -> None:
+    closed: list[str] = []
+    built: list[int] = []
+
+    class Renamed(LifetimeEnv):
+        def __init__(self) -> None:
+            super().__init__()
+            built.append(len(built))
+            if len(built) == 3:  # the third sub-env has agents of other names
+                self.possible_agents = ["worker_0", "boss_1"]
+
+        def close(self) -> None:
+            closed.append(",".join(self.possible_agents))
+
+    with pytest.raises(EnvError, match=r"a sub-env has agents \['worker_0', 'boss_1'\] but the first has "):
+        PettingZooVecEnv(Renamed, 4, "cpu")
+    assert sorted(closed) == ["worker_0,boss_1", "worker_0,worker_1", "worker_0,worker_1"]
+
+
+def test_close_closes_every_sub_env_when_one_fails_to() -> None:
+    closed: list[int] = []
+    built = [0]
+
+    class Failing(LifetimeEnv):
+        def __init__(self) -> None:
+            super().__init__()
+            built[0] += 1
+            self.number = built[0]
+
+        def close(self) -> None:
+            closed.append(self.number)
+            if self.number == 1:
+                raise RuntimeError("the simulator's licence server is gone")
+
+    env = PettingZooVecEnv(Failing, 3, "cpu")
+    env.close()  # as the worker processes ignore the errors of their sub-envs' close
+    assert sorted(closed) == [1, 2, 3]
+    env.close()  # once closed, nothing is closed twice
+    assert sorted(closed) == [1, 2, 3]
+
+
 @pytest.mark.parametrize("workers", [0, 1])
 def test_a_closed_env_says_so(workers: int) -> None:
     env = make_pettingzoo_env(LifetimeEnv, 2, workers=workers)
@@ -399,5 +475,24 @@ def test_agents_with_bounds_of_their_own_get_them_from_predict() -> None:
         obs = env.reset(seed=0) + 1.0
         given, *_ = env.step(agent.act(obs, deterministic=True))
         np.testing.assert_allclose(agent.predict(obs[0].numpy()), given[0, :, :2].numpy(), rtol=0, atol=1e-6)
+    finally:
+        env.close()
+
+
+class IntegerEchoEnv(EchoEnv):
+    """:class:`EchoEnv` whose agents act with integer ``Box(0, 10, (2,))`` vectors."""
+
+    def action_space(self, agent: str) -> gym.spaces.Box:
+        return gym.spaces.Box(0, 10, (2,), np.int64)
+
+
+def test_integer_box_actions_are_vectors_of_each_agent() -> None:
+    """A Box of integers is a continuous space to jaderl: every agent gets its own vector, rescaled from [-1, 1],
+    not one integer of the packed actions (which an integer dtype must not be mistaken for Discrete)."""
+    env = make_pettingzoo_env(IntegerEchoEnv(), 1, seed=0)
+    try:
+        assert not env.is_discrete and env.action_dim == 2
+        given, *_ = env.step(torch.tensor([[[-1.0, 1.0], [1.0, 0.0]]]))
+        assert given.tolist() == [[[0.0, 10.0], [10.0, 5.0]]]
     finally:
         env.close()

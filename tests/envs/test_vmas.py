@@ -215,3 +215,14 @@ def test_unknown_scenarios_and_unequal_actions_are_refused(monkeypatch: pytest.M
     monkeypatch.setitem(sys.modules, "vmas", None)  # as if it were not installed
     with pytest.raises(EnvError, match=r"^VMAS envs need the vmas package: pip install 'jaderl\[vmas\]'$"):
         make_vmas_env("navigation", 2)
+
+
+@pytest.mark.parametrize("option", [{"dict_spaces": True}, {"multidiscrete_actions": True},
+                                    {"continuous_actions": True}, {"wrapper": "gymnasium"}])
+def test_options_of_vmas_make_env_itself_are_refused(option: dict[str, Any]) -> None:
+    """Options that would change what VMAS returns (dicts, MultiDiscrete actions, a wrapper) are not the scenario's:
+    they are refused in one sentence, not passed on to fail later (or to crash on a MultiDiscrete space)."""
+    key = next(iter(option))
+    with pytest.raises(EnvError, match=rf"^VMAS option {key} is jaderl's to set \(it reads VMAS's lists of tensors "
+                                       r"and its Discrete or Box actions\); remove it, and give continuous=true"):
+        make_vmas_env("navigation", 2, **option)
