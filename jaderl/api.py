@@ -228,10 +228,14 @@ def load(run_dir: str | Path, best: bool = True, device: str = "cpu") -> Agent:
     With ``best=True`` and a best-policy file, only that file's tensors are read (with the config from the
     checkpoint's JSON, or from the run's ``config.yaml`` if that is unreadable), so a damaged checkpoint tensor file
     does not stop an evaluation; the checkpoint's tensors are read for ``best=False`` or a run without a best policy.
-    Anything damaged that is needed, or parameters that are NaN or infinite, raise one sentence naming the file."""
+    Anything damaged that is needed, or parameters that are NaN or infinite, raise one sentence naming the file; so
+    does a file given as ``run_dir`` (the run's ``best_policy.safetensors``: load takes the directory that holds it)."""
     run_dir = _run_dir(run_dir)
     if not isinstance(best, bool):
         raise ConfigError(f"best={best!r} must be True (the best evaluated policy) or False (the last state)")
+    if run_dir.is_file():  # such as its best_policy.safetensors: the file alone has no config to build the agent from
+        raise ConfigError(f"{run_dir} is a file, not a run directory; pass the run directory that holds it "
+                          f"({run_dir.parent})")
     meta = _checkpoint_json(run_dir)
     config = _load_config(run_dir, meta).replace(device=device)
     best_path = run_dir / BEST_POLICY

@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -304,3 +305,16 @@ def test_evaluate_refuses_a_seed_that_is_not_a_whole_number(tmp_path: Path) -> N
     for seed in ("x", 1.5, -1, True):
         with pytest.raises(ConfigError, match=rf"^seed={seed!r} is out of range: it must be a whole number >= 0"):
             api.evaluate(tmp_path, episodes=2, seed=seed)  # type: ignore[arg-type]
+
+
+def test_load_of_a_file_names_the_run_directory_that_holds_it(tmp_path: Path, tiny_ppo: Settings) -> None:
+    """``jaderl.load`` takes the run directory; its best-policy file alone is refused in one sentence naming the
+    directory to pass instead."""
+    run_dir = tmp_path / "run"
+    jaderl.train("ppo", ENV, run_dir=str(run_dir), **tiny_ppo(total_steps=128, eval_every=128))
+    for call in (jaderl.load, api.evaluate):
+        with pytest.raises(ConfigError, match=rf"^{re.escape(str(run_dir / 'best_policy.safetensors'))} is a file, "
+                                              rf"not a run directory; pass the run directory that holds it "
+                                              rf"\({re.escape(str(run_dir))}\)$"):
+            call(run_dir / "best_policy.safetensors")
+    assert jaderl.load(run_dir).steps == 128

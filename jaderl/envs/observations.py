@@ -8,6 +8,9 @@ from typing import Any
 import numpy as np
 import torch
 
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+"""The largest magnitude an observation may have: the agent computes in float32."""
+
 
 def observation_batch(obs: Any, obs_shape: Sequence[int], num_agents: int,
                       device: torch.device) -> tuple[torch.Tensor, bool]:
@@ -15,7 +18,8 @@ def observation_batch(obs: Any, obs_shape: Sequence[int], num_agents: int,
 
     One observation has the env's ``obs_shape`` (several agents: ``(agents, *obs_shape)``), a batch one more leading
     axis. Anything else is refused in one sentence: a shape the agent was not trained on, a non-numeric value, or
-    NaN or infinite numbers (an action computed from them would be meaningless)."""
+    NaN or infinite numbers, or float64 ones beyond float32's range (an action computed from them would be
+    meaningless)."""
     array = obs
     if torch.is_tensor(obs):  # (numpy has no bfloat16)
         array = (obs.float() if obs.dtype == torch.bfloat16 else obs).detach().cpu().numpy()
@@ -35,5 +39,9 @@ def observation_batch(obs: Any, obs_shape: Sequence[int], num_agents: int,
                          f" (a batch); got shape {array.shape}")
     if array.dtype.kind == "f" and not np.isfinite(array).all():
         raise ValueError("predict got NaN or infinite observations; check what the env returned")
+    if array.dtype.kind == "f" and array.dtype.itemsize > 4 and array.size and np.abs(array).max() > FLOAT32_MAX:
+        # the agent computes in float32, where such a value is infinite: its action would be NaN
+        raise ValueError(f"predict got observations beyond float32's range (+-{FLOAT32_MAX:.4g}), which the agent "
+                         "computes in; check what the env returned")
     x = torch.as_tensor(array, device=device)
     return (x.unsqueeze(0) if single else x), single

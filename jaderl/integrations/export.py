@@ -33,6 +33,8 @@ SUFFIXES = {"onnx": (".onnx",), "torchscript": (".pt", ".pth")}
 
 INPUT_NAME, OUTPUT_NAME = "obs", "action"
 """The names of the ONNX graph's input and output."""
+BATCH_AXIS = "batch"
+"""The name of the ONNX graph's dynamic first axis, the batch size, in its input and output."""
 
 
 class MissingExtra(ConfigError, ImportError):
@@ -106,11 +108,12 @@ def export_policy(agent: Agent, format: str, out: str | Path) -> Path:
     example = example_observations(agent)
     out.parent.mkdir(parents=True, exist_ok=True)
     if format == "onnx":
-        program = torch.export.export(policy, (example,), dynamic_shapes=({0: torch.export.Dim("batch")},))
         with _quiet("torch.onnx"), warnings.catch_warnings():  # the exporter's notices about its own internals
             warnings.simplefilter("ignore", FutureWarning)
-            torch.onnx.export(program, (example,), str(out), input_names=[INPUT_NAME], output_names=[OUTPUT_NAME],
-                              dynamo=True, external_data=False, verbose=False)
+            # the module itself, not a program exported first: only then does the free axis keep its name in the file
+            torch.onnx.export(policy, (example,), str(out), input_names=[INPUT_NAME], output_names=[OUTPUT_NAME],
+                              dynamic_shapes=({0: torch.export.Dim(BATCH_AXIS)},), dynamo=True,
+                              external_data=False, verbose=False)
     else:
         # the tracer records every size it reads from the input (the batch axis stays free); the graph of
         # torch.export would not do: its sizes are plain numbers by the time the tracer sees them
@@ -149,4 +152,4 @@ def _quiet(name: str) -> Iterator[None]:
         logger.setLevel(level)
 
 
-__all__ = ["FORMATS", "DeployedPolicy", "MissingExtra", "export_policy"]
+__all__ = ["BATCH_AXIS", "FORMATS", "DeployedPolicy", "MissingExtra", "export_policy"]

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import numbers
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -75,8 +76,9 @@ def record(agent: Agent, out: str | Path, episodes: int = 3, seed: int = 0) -> l
     """Write ``episodes`` videos of ``agent`` acting deterministically in ``agent.config.env`` to the directory
     ``out`` (``episode-0.mp4``, ...; episode ``i`` starts from ``reset(seed=seed + i)``) and return their paths."""
     episodes = episode_count(episodes)
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:  # Gymnasium's reset refuses it mid-way
-        raise ConfigError(f"seed={seed!r} is out of range: it must be a whole number >= 0")
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:  # refused now, not mid-way by
+        raise ConfigError(f"seed={seed!r} is out of range: it must be a whole number >= 0")  # Gymnasium's reset
+    seed = int(seed)  # numpy's integers too: Gymnasium's reset takes a Python int
     if Path(out).exists() and not Path(out).is_dir():
         raise ConfigError(f"{out} is a file; give the directory to write the videos to")
     require(("imageio", "imageio_ffmpeg"), "recording videos", "video")

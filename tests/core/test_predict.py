@@ -83,6 +83,9 @@ def test_predict_for_several_agents_takes_and_returns_per_agent_arrays() -> None
     (np.zeros(3, dtype=np.complex64), r"got ndarray of dtype complex64"),
     (np.array([0.0, np.nan, 1.0]), r"predict got NaN or infinite observations; check what the env returned"),
     ([[0.0, 1.0, 2.0], [1.0]], r"predict takes observations as a numpy array or torch tensor; could not read one"),
+    (np.array([1e300, 0.0, 0.0]), r"^predict got observations beyond float32's range \(\+-3.403e\+38\), which the "
+                                  r"agent computes in; check what the env returned$"),  # inf in float32: NaN actions
+    (torch.tensor([[0.0, -1e39, 0.0]], dtype=torch.float64), r"beyond float32's range"),
 ])
 def test_predict_refuses_what_the_agent_cannot_act_on_in_one_sentence(obs: object, said: str) -> None:
     from jaderl.api import ALGOS, make_config

@@ -116,6 +116,7 @@ def test_onnx_graph_has_a_dynamic_batch_axis(tmp_path: Path) -> None:
     assert (inp.name, out.name) == ("obs", "action")
     assert isinstance(inp.shape[0], str) and inp.shape[1:] == [4] and inp.type == "tensor(float)"
     assert isinstance(out.shape[0], str) and out.type == "tensor(int64)"
+    assert inp.shape[0] == out.shape[0] == "batch"  # the axis by its name, for runtimes' shape profiles
     assert not (tmp_path / "policy.onnx.data").exists()  # one file: the weights are inside
 
 

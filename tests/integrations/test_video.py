@@ -317,3 +317,15 @@ def test_record_refuses_a_negative_seed_before_any_work(tmp_path: Path, capsys: 
         ["record", str(run_dir), "--seed", "-1", "--episodes", "1"], capsys)
     assert "episodes=0 is out of range" in cli_error(["record", str(run_dir), "--episodes", "0"], capsys)
     assert not (run_dir / "videos").exists()
+
+
+def test_record_takes_a_numpy_integer_seed(tmp_path: Path) -> None:
+    """A seed from numpy (``rng.integers``) is a whole number like any other: the same videos as the int."""
+    agent = PPO(make_config("ppo", "jaderl/CartPole-v1", device="cpu", hidden=[16]),
+                make_env("jaderl/CartPole-v1", 1).spec, torch.device("cpu"))
+    (path,) = record(agent, tmp_path / "numpy", episodes=1, seed=np.int64(3))
+    (same,) = record(agent, tmp_path / "int", episodes=1, seed=3)
+    assert path.name == "episode-0.mp4"
+    np.testing.assert_array_equal(read_frames(path), read_frames(same))
+    with pytest.raises(ConfigError, match=r"^seed=np.int64\(-1\) is out of range: it must be a whole number >= 0$"):
+        record(agent, tmp_path / "negative", episodes=1, seed=np.int64(-1))
