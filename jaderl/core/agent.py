@@ -169,10 +169,10 @@ class Agent:
         (several agents: ``(agents, obs_dim)`` or ``(N, agents, obs_dim)``). Continuous actions are rescaled from
         [-1, 1] to the env's bounds (``spec.action_low`` / ``action_high``, each agent's own) and clipped to them;
         discrete ones are int64 indices from 0 (add the ``start`` of a Gymnasium ``Discrete`` space that has one).
-        Observations of another shape, non-numeric or non-finite raise ValueError
+        Observations of another shape, non-numeric or non-finite, or pixels outside 0..255, raise ValueError
         (:func:`jaderl.envs.observations.observation_batch`)."""
-        x, single = observation_batch(obs, self.obs_shape, self.spec.num_agents, self.device)
-        action = self.act(x.to(torch.uint8) if self.spec.obs_dtype == "uint8" else x.float(), deterministic)
+        x, single = observation_batch(obs, self.obs_shape, self.spec.num_agents, self.device, self.spec.obs_dtype)
+        action = self.act(x, deterministic)
         if (bounds := self.spec.action_bounds(self.device)) is not None:
             action = rescale_actions(action, *bounds)
         out = action.cpu().numpy().astype(np.int64 if self.is_discrete else np.float32)

@@ -12,14 +12,15 @@ FLOAT32_MAX = float(np.finfo(np.float32).max)
 """The largest magnitude an observation may have: the agent computes in float32."""
 
 
-def observation_batch(obs: Any, obs_shape: Sequence[int], num_agents: int,
-                      device: torch.device) -> tuple[torch.Tensor, bool]:
-    """``obs`` (numpy, torch or nested lists) as a batch tensor on ``device``, and whether it was one observation.
+def observation_batch(obs: Any, obs_shape: Sequence[int], num_agents: int, device: torch.device,
+                      obs_dtype: str = "float32") -> tuple[torch.Tensor, bool]:
+    """``obs`` (numpy, torch or nested lists) as a batch tensor on ``device`` in the env's ``obs_dtype`` (uint8 for
+    pixels, float32 otherwise), and whether it was one observation.
 
     One observation has the env's ``obs_shape`` (several agents: ``(agents, *obs_shape)``), a batch one more leading
     axis. Anything else is refused in one sentence: a shape the agent was not trained on, a non-numeric value, or
     NaN or infinite numbers, or float64 ones beyond float32's range (an action computed from them would be
-    meaningless)."""
+    meaningless), or, for pixels, values that are not whole numbers in 0..255 (a frame scaled to [0, 1], say)."""
     array = obs
     if torch.is_tensor(obs):  # (numpy has no bfloat16)
         array = (obs.float() if obs.dtype == torch.bfloat16 else obs).detach().cpu().numpy()
@@ -43,5 +44,10 @@ def observation_batch(obs: Any, obs_shape: Sequence[int], num_agents: int,
         # the agent computes in float32, where such a value is infinite: its action would be NaN
         raise ValueError(f"predict got observations beyond float32's range (+-{FLOAT32_MAX:.4g}), which the agent "
                          "computes in; check what the env returned")
+    if obs_dtype == "uint8" and array.size and (array.min() < 0 or array.max() > 255 or (
+            array.dtype.kind == "f" and not (array == np.trunc(array)).all())):
+        raise ValueError("predict takes pixel observations as whole numbers in 0..255, as the env gives them (uint8); "
+                         f"got values from {array.min():g} to {array.max():g}")
     x = torch.as_tensor(array, device=device)
+    x = x.to(torch.uint8) if obs_dtype == "uint8" else x.float()
     return (x.unsqueeze(0) if single else x), single

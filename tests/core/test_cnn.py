@@ -197,3 +197,23 @@ def test_agent_on_images_too_small_names_the_problem() -> None:
     env = EnvSpec(num_envs=2, obs_shape=(3, 8, 8), is_discrete=True, action_dim=2)
     with pytest.raises(EnvError, match=r"at least 36x36.*resize"):
         PPO(make_config("ppo", "jaderl/CartPole-v1"), env, torch.device("cpu"))
+
+
+def test_predict_takes_pixels_as_the_env_gives_them_and_refuses_others() -> None:
+    """Pixel observations reach the agent as uint8: whole numbers in 0..255 (also as floats or wider integers) are
+    taken, while values a uint8 frame cannot hold (300, or a frame scaled to [0, 1]) would wrap or round to other
+    pixels, so predict refuses them in one sentence."""
+    import numpy as np
+
+    env = BrightnessEnv(2)
+    env._obs_dtype = torch.uint8  # (the env's frames are uint8: its spec says so, as a Gymnasium pixel env's does)
+    agent = PPO(PPOConfig(env="test/brightness", num_envs=2, minibatch_size=32, hidden=[32], device="cpu"), env.spec,
+                torch.device("cpu"))
+    frames = env.reset(seed=0).numpy()  # (2, 2, SIZE, SIZE) uint8, values 0..249
+    actions = agent.predict(frames)
+    np.testing.assert_array_equal(agent.predict(frames.astype(np.float32)), actions)
+    np.testing.assert_array_equal(agent.predict(frames.astype(np.int64)), actions)
+    for bad in (frames.astype(np.int64) + 256, frames / 255.0, frames.astype(np.int64) - 256):
+        with pytest.raises(ValueError, match=r"^predict takes pixel observations as whole numbers in 0\.\.255, as "
+                                             r"the env gives them \(uint8\); got values from "):
+            agent.predict(bad)
