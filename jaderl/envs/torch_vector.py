@@ -12,16 +12,18 @@ What the adapter reads:
 * **Observations**: a tensor ``(N, *obs_shape)``, or a dict of tensors from which ``obs_key`` is taken (Isaac Lab's
   ``{"policy": ...}``, the default key); uint8 where the observation space is uint8 (images), float32 otherwise.
 * **Actions**: a ``Discrete`` space (jaderl's action ``i`` is the space's ``start + i``) or a bounded 1-D ``Box``
-  (jaderl's ``[-1, 1]`` rescaled to its bounds). A list or NumPy array of numbers is taken too (converted to a tensor
-  on the env's device). On the CPU, NaN or infinite actions and discrete ones out of range or not whole numbers
-  (``0.7``) raise :class:`~jaderl.envs.vec.EnvError`; on a GPU they are not checked.
-* **Episode ends**: the env must reset finished sub-envs inside ``step`` (all three do). What each sub-env reached
-  before its reset is read from ``info["final_obs"]`` (Gymnasium 1.x's name) or ``info["final_observation"]``
-  (ManiSkill3's): a tensor ``(N, *obs_shape)`` whose rows of finished sub-envs are used (``NumpyToTorch`` needs
-  those rows stacked into one array first: Gymnasium's same-step autoreset stores them as an object array, which its
-  converter cannot turn into a tensor; see ``tests/envs/test_torch_vector.py``). Isaac Lab gives no final
-  observation: a sub-env truncated at its time limit then bootstraps from its reset observation, which Isaac Lab's own
-  training scripts (rsl_rl, skrl) accept too; that is documented for it in docs/simulators.md.
+  (jaderl's ``[-1, 1]`` rescaled to its bounds, then clipped to them so that float32 rounding never leaves them). A
+  list or NumPy array of numbers is taken too (converted to a tensor on the env's device). On the CPU, NaN or infinite
+  actions and discrete ones out of range or not whole numbers (``0.7``) raise :class:`~jaderl.envs.vec.EnvError`; on a
+  GPU they are not checked.
+* **Episode ends**: the env must reset finished sub-envs inside ``step`` (all three do; a Gymnasium vector env whose
+  ``metadata["autoreset_mode"]`` names another mode, Gymnasium's default next-step one included, is refused). What
+  each sub-env reached before its reset is read from ``info["final_obs"]`` (Gymnasium 1.x's name) or
+  ``info["final_observation"]`` (ManiSkill3's): a tensor ``(N, *obs_shape)`` whose rows of finished sub-envs are used
+  (``NumpyToTorch`` needs those rows stacked into one array first: Gymnasium's same-step autoreset stores them as an
+  object array, which its converter cannot turn into a tensor; see ``tests/envs/test_torch_vector.py``). Isaac Lab
+  gives no final observation: a sub-env truncated at its time limit then bootstraps from its reset observation, which
+  Isaac Lab's own training scripts (rsl_rl, skrl) accept too; that is documented for it in docs/simulators.md.
 * **Episode length**: ``max_steps`` from the env's ``spec.max_episode_steps``, a time-limit wrapper's
   ``_max_episode_steps`` (ManiSkill3's) or Isaac Lab's ``max_episode_length``.
 
@@ -94,9 +96,18 @@ class TorchVectorEnv(VecEnv):
             self._low, self._high = low.numpy(), high.numpy()  # the spec's bounds
             self._scale_low = low.to(self.env_device, torch.float32)
             self._scale = ((high - low) * 0.5).to(self.env_device, torch.float32)
+            self._act_low, self._act_high = low.to(self.env_device, torch.float32), high.to(self.env_device,
+                                                                                             torch.float32)
         else:
             raise EnvError(f"action space {act_space} is not supported: use Discrete or a 1-D Box")
         self.max_steps = _episode_limit(env)
+        metadata = getattr(env, "metadata", None)
+        mode = metadata.get("autoreset_mode") if isinstance(metadata, dict) else None
+        same_step = gym.vector.AutoresetMode.SAME_STEP
+        if mode is not None and mode not in (same_step, same_step.value):
+            raise EnvError(f"the vector env auto-resets in mode {mode}; build it with "
+                           "autoreset_mode=gym.vector.AutoresetMode.SAME_STEP (finished sub-envs reset inside step, "
+                           "their final observations in info['final_obs'])")
         fix = "fix the env or wrap it to clip or reset"
         self._obs_watch = FiniteWatch(f"the env returned a non-finite observation; {fix}")
         self._reward_watch = FiniteWatch(f"the env returned a non-finite reward; {fix}")
@@ -136,7 +147,8 @@ class TorchVectorEnv(VecEnv):
             return action.long() + self._start
         if action.device.type == "cpu" and not bool(torch.isfinite(action).all()):
             raise EnvError(NONFINITE_ACTIONS)
-        return torch.addcmul(self._scale_low, action.float().clamp(-1.0, 1.0) + 1.0, self._scale)
+        scaled = torch.addcmul(self._scale_low, action.float().clamp(-1.0, 1.0) + 1.0, self._scale)
+        return scaled.clamp(self._act_low, self._act_high)  # float32 rounding must not leave the bounds
 
     def reset(self, seed: int | None = None) -> torch.Tensor:
         obs, _ = self.env.reset(seed=seed)

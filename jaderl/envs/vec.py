@@ -329,8 +329,9 @@ class GymnasiumSpaces(VecEnv):
 
     def _env_actions(self, action: torch.Tensor) -> np.ndarray:
         """Discrete actions ``0 .. action_dim - 1`` as the space's integers ``(N,)``; Box actions ``(N, action_dim)``
-        clipped to [-1, 1] and rescaled to the space's bounds (a list or NumPy array is read as a tensor). Bad
-        actions, non-integral discrete ones included, raise a one-sentence :class:`EnvError`."""
+        clipped to [-1, 1] and rescaled to the space's bounds, never a rounding error outside them (a list or NumPy
+        array is read as a tensor). Bad actions, non-integral discrete ones included, raise a one-sentence
+        :class:`EnvError`."""
         act = as_action_tensor(action, torch.device("cpu"), "the env").detach().cpu().numpy()
         size = self.num_envs * (1 if self.is_discrete else self.action_dim)
         if act.size != size:
@@ -347,7 +348,8 @@ class GymnasiumSpaces(VecEnv):
                 raise discrete_action_error("the env", self.action_dim, act.min(), act.max())
             return act.astype(np.int64) + self._discrete_start
         act = act.reshape(self.num_envs, self.action_dim)
-        return self._low + (np.clip(act, -1.0, 1.0) + 1.0) * 0.5 * (self._high - self._low)
+        scaled = self._low + (np.clip(act, -1.0, 1.0) + 1.0) * 0.5 * (self._high - self._low)
+        return np.minimum(np.maximum(scaled, self._low), self._high)  # rounding must not leave a float64 Box's bounds
 
 
 class GymnasiumVecEnv(GymnasiumSpaces):
@@ -430,6 +432,9 @@ class GymnasiumVecEnv(GymnasiumSpaces):
         done = np.logical_or(terminated, truncated)
         obs_t = self._tensor(obs, self._obs_dtype)
         if done.any():
+            if "final_obs" not in info:  # a vector env without autoreset_mode in its metadata, stepping next-step
+                raise EnvError(f"env {self._label!r} ended sub-envs without info['final_obs']: it does not auto-reset "
+                               "in the same step; build it with autoreset_mode=gym.vector.AutoresetMode.SAME_STEP")
             final_obs = np.array(obs, copy=True)
             final_obs[done] = np.stack(info["final_obs"][done])
             check_finite("observation", final_obs)

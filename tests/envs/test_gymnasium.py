@@ -164,3 +164,50 @@ def test_lists_and_numpy_actions_are_read_and_non_integral_discrete_ones_refused
                 env.step(junk)
     finally:
         env.close()
+
+
+# -- actions and episode ends as the env sees them -------------------------------------------------------------------
+
+class Float64Box(gym.Env):
+    """An env with float64 action bounds that checks every action against its space, as many custom envs do."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+    action_space = gym.spaces.Box(np.array([-3.0, -1.0]), np.array([0.1, 1.0]), (2,), np.float64)
+
+    def __init__(self) -> None:
+        self.actions: list[np.ndarray] = []
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, dict]:
+        super().reset(seed=seed)
+        return np.zeros(1, np.float32), {}
+
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict]:
+        assert self.action_space.contains(action), action
+        self.actions.append(action)
+        return np.zeros(1, np.float32), 0.0, False, False, {}
+
+
+def test_rescaled_actions_never_leave_a_float64_box_by_a_rounding_error() -> None:
+    """-3 + (1 + 1) / 2 * (0.1 - -3) is 0.10000000000000009 in float64: the env gets its bound 0.1 exactly."""
+    inner = Float64Box()
+    env = GymnasiumVecEnv(inner)
+    env.reset(seed=0)
+    env.step(torch.tensor([[1.0, 1.0]]))
+    env.step(torch.tensor([[-1.0, -1.0]]))
+    assert [a.tolist() for a in inner.actions] == [[0.1, 1.0], [-3.0, -1.0]]
+    env.close()
+
+
+def test_a_vector_env_that_ends_episodes_without_final_observations_is_one_sentence() -> None:
+    """A vector env whose metadata names no autoreset mode passes the check at construction; if it then ends an
+    episode without info["final_obs"] (Gymnasium's default next-step mode), that is one sentence, not a KeyError."""
+    vec = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1", max_episode_steps=2)] * 2)
+    del vec.metadata["autoreset_mode"]
+    env = GymnasiumVecEnv(vec)
+    env.reset(seed=0)
+    env.step(torch.zeros(2, dtype=torch.int64))
+    with pytest.raises(EnvError, match=r"^env 'CartPole-v1' ended sub-envs without info\['final_obs'\]: it does not "
+                                       r"auto-reset in the same step; build it with autoreset_mode=gym\.vector\."
+                                       r"AutoresetMode\.SAME_STEP$"):
+        env.step(torch.zeros(2, dtype=torch.int64))
+    env.close()

@@ -293,6 +293,32 @@ def test_unsupported_spaces_and_bad_actions_are_one_sentence() -> None:
     env.close()
 
 
+@pytest.mark.parametrize("mode", [gym.vector.AutoresetMode.NEXT_STEP, gym.vector.AutoresetMode.DISABLED])
+def test_a_vector_env_that_does_not_reset_in_the_same_step_is_refused(mode: gym.vector.AutoresetMode) -> None:
+    """Gymnasium's default next-step autoreset answers the step after an episode's end with the reset observation,
+    a reward of 0 and the action ignored: a transition that is none, so such an env is refused, as GymnasiumVecEnv
+    refuses it."""
+    vec = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")] * 2, autoreset_mode=mode)
+    with pytest.raises(EnvError, match=rf"^the vector env auto-resets in mode {mode}; build it with "
+                                       r"autoreset_mode=gym\.vector\.AutoresetMode\.SAME_STEP \(finished sub-envs"):
+        TorchVectorEnv(NumpyToTorch(vec))
+    vec.close()
+
+
+def test_rescaled_actions_never_leave_the_bounds_by_a_rounding_error() -> None:
+    """low + (a + 1) * (high - low) / 2 in float32 can land an ulp above ``high`` (here at a = 1): the simulator must
+    get actions its Box contains."""
+    sim = IsaacLike(2)
+    low, high = np.float32(-11.71002197265625), np.float32(1.1712032556533813)
+    sim.single_action_space = gym.spaces.Box(low, high, (1,), np.float32)
+    env = TorchVectorEnv(sim)
+    env.reset()
+    env.step(torch.tensor([[1.0], [-1.0]]))
+    sent = sim.actions[-1]
+    assert sent.dtype == torch.float32
+    assert sent.tolist() == [[float(high)], [float(low)]]
+    assert all(sim.single_action_space.contains(row.numpy()) for row in sent)
+
 
 @pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
 def test_lists_and_numpy_actions_are_read_and_non_integral_discrete_ones_refused(env_id: str) -> None:
