@@ -61,6 +61,8 @@ def fuse_runs(run_dirs: Sequence[str | Path], out: str | Path, device: str = "cp
     (replay buffer, env state, counters, a reward normaliser's running return of each of its sub-envs) with every
     other tensor of the agent averaged over all runs; evaluated once.
     Returns ``{"run_dir", "eval_return", "fused"}``."""
+    if isinstance(run_dirs, str | Path):  # (a string is a sequence too: of one-letter "run directories")
+        raise ConfigError(f'fuse_runs takes a list of run directories, not one path: pass ["{run_dirs}", ...]')
     if len(run_dirs) < 2:
         raise ConfigError(f"fusion needs two or more run directories, got {len(run_dirs)}")
     if Path(out).exists() and (not Path(out).is_dir() or any(Path(out).iterdir())):

@@ -124,6 +124,10 @@ def tournament(algos: list[str] | str, env: str, *, pool: int = 4, period: int =
                "raise --leaderboard-size to 2 or more, or give fusing no weight in --strategy-weights")
         raise ConfigError(f"fuse_top={fuse_top} is out of range: it must be <= leaderboard_size={leaderboard_size}, "
                           f"since a fused member averages entries of the leaderboard; {fix}")
+    if "total_steps" in settings:  # (member_settings would replace it without a word)
+        raise ConfigError(f"total_steps={settings['total_steps']!r} cannot be given to a tournament: a lineage trains "
+                          f"at most period * rounds = {period * rounds} env steps, one period a round; drop it, or "
+                          "set --period and --rounds")
     check_not_fixed(space, settings)
     check_space_fits_every_algorithm(space, algos)
     for a in algos:  # (a bad space is refused before the env is built)

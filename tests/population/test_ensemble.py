@@ -215,3 +215,20 @@ def test_fusion_keeps_the_first_runs_own_running_returns(tmp_path: Path) -> None
     assert not torch.equal(a["running"], b["running"])
     torch.testing.assert_close(fused["running"], a["running"])
     torch.testing.assert_close(fused["var"], (a["var"] + b["var"]) / 2)
+
+
+def test_fuse_runs_refuses_one_path_for_a_list(two_runs: list[Path], tmp_path: Path) -> None:
+    """A single run directory is a sequence of characters: it is refused, not fused as one-letter directories."""
+    for one in (str(two_runs[0]), two_runs[0]):
+        with pytest.raises(ConfigError, match=r"^fuse_runs takes a list of run directories, not one path"):
+            fuse_runs(one, tmp_path / "out")  # type: ignore[arg-type]
+    assert not (tmp_path / "out").exists()
+
+
+def test_tournament_refuses_total_steps(tmp_path: Path) -> None:
+    """A tournament sets each member's budget itself: a total_steps setting is refused, not silently replaced."""
+    from jaderl.population import tournament
+
+    with pytest.raises(ConfigError, match=r"^total_steps=1000 cannot be given to a tournament: .* = 640 env steps"):
+        tournament("ppo", ENV, pool=1, period=64, rounds=10, run_dir=str(tmp_path / "t"), total_steps=1000)
+    assert not (tmp_path / "t").exists()
