@@ -48,7 +48,7 @@ from jaderl.envs.vec import (
     VecEnv,
     as_action_tensor,
     discrete_action_error,
-    non_integral_action_error,
+    refuse_non_integral,
 )
 
 __all__ = [
@@ -227,8 +227,7 @@ class _TorchClassicEnv(VecEnv):
             raise EnvError(NONFINITE_ACTIONS)
         if not self.is_discrete:
             return
-        if action.is_floating_point() and not bool((whole := action == action.trunc()).all()):
-            raise non_integral_action_error(type(self).__name__, action[~whole][0].item())
+        refuse_non_integral(action, type(self).__name__)
         if low < 0 or high >= self.action_dim:
             raise discrete_action_error(type(self).__name__, self.action_dim, low, high)
 

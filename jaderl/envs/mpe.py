@@ -99,7 +99,7 @@ from jaderl.envs.vec import (
     VecEnv,
     as_action_tensor,
     discrete_action_error,
-    non_integral_action_error,
+    refuse_non_integral,
 )
 
 __all__ = ["MPE_ENVS", "SimpleSpreadEnv", "SimpleTagEnv"]
@@ -385,8 +385,8 @@ class _MPEEnv(VecEnv):
             low, high = (x.item() for x in torch.aminmax(action.detach()))
             if not (math.isfinite(low) and math.isfinite(high)):
                 raise EnvError(NONFINITE_ACTIONS)
-            if self.is_discrete and action.is_floating_point() and not bool((whole := action == action.trunc()).all()):
-                raise non_integral_action_error(type(self).__name__, action[~whole][0].item())
+            if self.is_discrete:
+                refuse_non_integral(action, type(self).__name__)
             if self.is_discrete and (low < 0 or high >= self.action_dim):
                 raise discrete_action_error(type(self).__name__, self.action_dim, low, high)
         action = action.detach().to(self.device).reshape(expected)

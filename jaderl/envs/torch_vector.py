@@ -51,7 +51,7 @@ from jaderl.envs.vec import (
     VecEnv,
     as_action_tensor,
     discrete_action_error,
-    non_integral_action_error,
+    refuse_non_integral,
 )
 
 
@@ -139,8 +139,7 @@ class TorchVectorEnv(VecEnv):
                 if action.is_floating_point():  # NaN, inf and 0.7 are no actions (an int tensor skips this)
                     if not bool(torch.isfinite(action).all()):
                         raise EnvError(NONFINITE_ACTIONS)
-                    if not bool((whole := action == action.trunc()).all()):
-                        raise non_integral_action_error("the env", action[~whole][0].item())
+                    refuse_non_integral(action, "the env")
                 low, high = int(action.min()), int(action.max())
                 if low < 0 or high >= self.action_dim:
                     raise discrete_action_error("the env", self.action_dim, low, high)

@@ -88,6 +88,13 @@ def non_integral_action_error(env_name: str, value: float) -> EnvError:
                     "int64 tensor, as the agent's argmax or sample gives)")
 
 
+def refuse_non_integral(action: torch.Tensor, env_name: str) -> None:
+    """Raise :func:`non_integral_action_error` if discrete ``action`` holds floats that are not whole numbers (reads
+    the tensor on the host: CPU paths only). Integer tensors, the agents' own, pass without a look."""
+    if action.is_floating_point() and not bool((whole := action == action.trunc()).all()):
+        raise non_integral_action_error(env_name, action[~whole][0].item())
+
+
 def as_action_tensor(action: Any, device: torch.device, env_name: str) -> torch.Tensor:
     """``action`` as a tensor: a tensor as it is, a list, tuple, NumPy array or number converted to one on
     ``device``; anything that is not numbers (text, ragged lists, complex numbers) raises a one-sentence
