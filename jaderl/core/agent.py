@@ -190,7 +190,9 @@ class Agent:
     @torch.no_grad()
     def explore(self, env: VecEnv, horizon: int) -> Batch:
         """Step ``env`` for ``horizon`` steps; returns obs, action, reward, terminated, truncated, next_obs (T, N, ...),
-        state, next_state when the env has a global state (several agents), and what :attr:`record_keys` names.
+        state, next_state when the env has a global state (several agents), active, next_active when its agents may
+        leave (``agents_leave``: the agents in the episode at ``obs`` and after the step), and what
+        :attr:`record_keys` names.
 
         ``next_obs`` (``next_state``) is what was reached before any auto-reset, so truncated steps can be
         bootstrapped. Rewards are clipped to their sign (``config.clip_rewards``), then multiplied by
@@ -198,17 +200,19 @@ class Agent:
         """
         if self.last_obs is None:  # a fresh env, or one whose episodes could not be carried over: reseed from steps
             self.last_obs = env.reset(seed=self.config.seed + self.steps)
-        keys = ["obs", "action", "reward", "terminated", "truncated", "next_obs"]
-        keys += ["state", "next_state"] if self.spec.state_shape else []
-        keys += self.record_keys
+        # what a multi-agent env tells besides the observations: now, and at next_obs (info's final_state ...)
+        extras = {k: getattr(env, name) for k, name, on in (("state", "global_state", self.spec.state_shape),
+                                                            ("active", "active_agents", self.spec.agents_leave)) if on}
+        keys = ["obs", "action", "reward", "terminated", "truncated", "next_obs", *extras,
+                *(f"next_{k}" for k in extras), *self.record_keys]
         steps: list[tuple[torch.Tensor, ...]] = []
         for t in range(horizon):
             self.begin_explore_step(t)
-            obs, state = self.last_obs, (env.global_state(),) if self.spec.state_shape else ()
+            obs, now = self.last_obs, [get() for get in extras.values()]
             action, *record = out if isinstance(out := self.explore_action(obs), tuple) else (out,)
             self.last_obs, reward, terminated, truncated, info = env.step(action)
-            final = (info["final_state"],) if state else ()
-            steps.append((obs, action, reward, terminated, truncated, info["final_obs"], *state, *final, *record))
+            final = [info[f"final_{k}"] for k in extras]
+            steps.append((obs, action, reward, terminated, truncated, info["final_obs"], *now, *final, *record))
             self.episodes.last_step = terminated, truncated
         traj = dict(zip(keys, (torch.stack(x) for x in zip(*steps, strict=True)), strict=True))
         self.episodes.track(traj["reward"], traj["terminated"] | traj["truncated"])

@@ -49,8 +49,8 @@ class ReplayBuffer:
         """Transitions at flat indices ``idx`` (t * N + n), as n-step transitions when ``n_step > 1``.
 
         An n-step transition sums ``gamma**j * reward`` over the next steps of the same sub-env until its episode
-        ends or the newest stored step is reached, and takes ``next_obs`` (``next_state``) and ``terminated`` from its
-        last step;
+        ends or the newest stored step is reached, and takes ``next_obs`` (``next_state``, ``next_active``) and
+        ``terminated`` from its last step;
         ``discount`` is ``gamma ** steps_summed``, so every target reads ``reward + discount * (1 - terminated) * V``.
         """
         flat = {k: v.view(-1, *v.shape[2:]) for k, v in self.data.items()}
@@ -66,7 +66,7 @@ class ReplayBuffer:
             k = ((t + j) % self.rows) * self.num_envs + n
             batch["reward"] = batch["reward"] + ok.view(-1, *[1] * (batch["reward"].dim() - 1)) * gamma**j \
                 * flat["reward"][k]
-            for key in {"next_obs", "next_state"} & batch.keys():  # what the sum bootstraps from
+            for key in {"next_obs", "next_state", "next_active"} & batch.keys():  # what the sum bootstraps from
                 batch[key] = torch.where(ok.view(-1, *[1] * (batch[key].dim() - 1)), flat[key][k], batch[key])
             batch["terminated"] = torch.where(ok, flat["terminated"][k], batch["terminated"])
             batch["discount"] = torch.where(ok, gamma ** (j + 1), batch["discount"])

@@ -25,6 +25,10 @@ What the adapter decides, since PettingZoo leaves it open:
 * **Agents that leave early** (no longer in ``env.agents`` within an episode): on the step they leave they still
   get their reward and last observation; after it they observe zeros (the one-hot too) and get reward 0 until their
   sub-env resets, also where the env goes on reporting them (PettingZoo allows it), and their actions are dropped.
+  :meth:`PettingZooVecEnv.active_agents` ``(N, A)`` tells which agents are in each episode (``env.agents``), and
+  ``info["final_active"]`` which are still in after a step (before any reset; none when the episode ended), so the
+  multi-agent algorithms learn only from the agents present (``agents_leave`` of the env's spec): a leaving agent's
+  last step ends its own returns, and the steps of agents that have left take no part in any loss.
 * **Episodes**: a sub-env is done when all its agents have left (``env.agents`` is empty). It is ``truncated`` when
   any of the agents leaving on that step was truncated (PettingZoo's ``truncations``; MPE2's ``max_cycles``) and
   ``terminated`` when any of them was terminated or none was truncated, so both can be true, as with Gymnasium's
@@ -181,7 +185,8 @@ def agent_actions(action: torch.Tensor, num_envs: int, num_agents: int, is_discr
 
 @dataclasses.dataclass(frozen=True)
 class _PackedLayout:
-    """Where everything lives in a packed row ``[A * obs_dim observations | state_dim state | A rewards]``."""
+    """Where everything lives in a packed row ``[A * obs_dim observations | state_dim state | A rewards | A flags]``,
+    the flags 1 for the agents in the episode (``env.agents``)."""
 
     agents: tuple[str, ...]
     obs: AgentObsLayout
@@ -197,7 +202,7 @@ class _PackedLayout:
 
     @property
     def row_size(self) -> int:
-        return self.obs_size + self.state_dim + len(self.agents)
+        return self.obs_size + self.state_dim + 2 * len(self.agents)
 
 
 class _PackedParallelEnv(gym.Env):
@@ -253,11 +258,13 @@ class _PackedParallelEnv(gym.Env):
                 state[self._raw_slices[i]] = flat
         if layout.has_state:
             state[:] = np.asarray(self.env.state(), dtype=np.float32).reshape(-1)
-        row[layout.obs_size + layout.state_dim:] = [float(rewards.get(name, 0.0)) if name in present else 0.0
-                                                    for name in layout.agents]
+        end, num_agents = layout.obs_size + layout.state_dim, len(layout.agents)
+        row[end:end + num_agents] = [float(rewards.get(name, 0.0)) if name in present else 0.0
+                                     for name in layout.agents]
+        row[end + num_agents:] = [name in self.env.agents for name in layout.agents]
         check_finite("observation", agent_rows)
         check_finite("global state", state)
-        check_finite("reward", row[layout.obs_size + layout.state_dim:])
+        check_finite("reward", row[end:end + num_agents])
         return row
 
     def close(self) -> None:
@@ -298,6 +305,8 @@ class PettingZooVecEnv(VecEnv):
 
     ``make`` builds one sub-env; ``first``, a sub-env already built, is reused as sub-env 0 when ``workers == 0``.
     """
+
+    agents_leave = True  # PettingZoo's agents may leave an episode early: the algorithms learn from those present
 
     def __init__(self, make: Callable[[], ParallelEnv], num_envs: int, device: str | torch.device = "cpu",
                  seed: int | None = None, workers: int = 0, first: ParallelEnv | None = None,
@@ -392,12 +401,13 @@ class PettingZooVecEnv(VecEnv):
 
     # -- the contract --------------------------------------------------------------------------------------------
 
-    def _unpack(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Observations ``(N, A, obs_dim)``, global state ``(N, state_dim)`` and rewards ``(N, A)`` of packed rows."""
+    def _unpack(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Observations ``(N, A, obs_dim)``, global state ``(N, state_dim)``, rewards ``(N, A)`` and the agents in
+        the episode ``(N, A)`` (bool) of packed rows."""
         layout = self._layout
-        end = layout.obs_size + layout.state_dim
+        end, flags = layout.obs_size + layout.state_dim, layout.obs_size + layout.state_dim + self.num_agents
         obs = rows[:, :layout.obs_size].reshape(self.num_envs, self.num_agents, layout.obs.obs_dim).contiguous()
-        return obs, rows[:, layout.obs_size:end].contiguous(), rows[:, end:].contiguous()
+        return obs, rows[:, layout.obs_size:end].contiguous(), rows[:, end:flags].contiguous(), rows[:, flags:] > 0
 
     def _rows(self, array: np.ndarray) -> torch.Tensor:
         return torch.tensor(array, dtype=torch.float32, device=self.device)  # a copy: the buffers are reused
@@ -410,7 +420,7 @@ class PettingZooVecEnv(VecEnv):
             with self._in_process("reset"):
                 _reset_slice(self._envs, self._views, 0, seed, [0])
             rows = self._rows(self._views["obs"])
-        obs, self._state, _ = self._unpack(rows)
+        obs, self._state, _, self._active = self._unpack(rows)
         return obs
 
     def step(self, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, dict]:
@@ -432,13 +442,20 @@ class PettingZooVecEnv(VecEnv):
             rows, final_rows = self._rows(views["obs"]), self._rows(views["final_obs"])
             terminated = torch.tensor(views["terminated"], device=self.device)
             truncated = torch.tensor(views["truncated"], device=self.device)
-        obs, self._state, _ = self._unpack(rows)
-        final_obs, final_state, reward = self._unpack(final_rows)  # a reset's row has no reward: read the final one
-        return obs, reward, terminated, truncated, {"final_obs": final_obs, "final_state": final_state}
+        obs, self._state, _, self._active = self._unpack(rows)
+        # a reset's row has no reward: read the final one
+        final_obs, final_state, reward, final_active = self._unpack(final_rows)
+        return obs, reward, terminated, truncated, {"final_obs": final_obs, "final_state": final_state,
+                                                    "final_active": final_active}
 
     def global_state(self) -> torch.Tensor:
         """The global state ``(N, state_dim)`` of every sub-env now (see the module docstring)."""
         return self._state
+
+    def active_agents(self) -> torch.Tensor:
+        """``(N, A)`` bool: the agents in every sub-env's episode now (``env.agents``), those whose actions the next
+        step uses; the others have left it (or not joined it yet)."""
+        return self._active
 
     @contextlib.contextmanager
     def _in_process(self, done: str) -> Iterator[None]:

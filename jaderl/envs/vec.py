@@ -175,6 +175,10 @@ class EnvSpec:
     """Shape of one sub-env's global state (multi-agent envs that have one), else None."""
     teams: tuple[str, ...] = ()
     """The team of every agent (``("adversary", "adversary", "agent")``) in mixed games; empty: one team."""
+    agents_leave: bool = False
+    """Whether agents may leave an episode before it ends (or join it late): the env then tells which agents act,
+    :meth:`VecEnv.active_agents` ``(N, num_agents)`` bool, and which are still in after a step,
+    ``info["final_active"]`` (before any auto-reset), and multi-agent algorithms learn from the agents present only."""
 
     @property
     def is_multi_agent(self) -> bool:
@@ -218,6 +222,7 @@ class VecEnv:
     num_agents: int = 1
     state_shape: tuple[int, ...] | None = None
     teams: tuple[str, ...] = ()
+    agents_leave: bool = False
 
     @property
     def spec(self) -> EnvSpec:
@@ -228,11 +233,17 @@ class VecEnv:
                        action_dim=self.action_dim, max_steps=self.max_steps, obs_dtype="uint8" if uint8 else "float32",
                        action_low=None if low is None else tuple(float(x) for x in low),
                        action_high=None if high is None else tuple(float(x) for x in high),
-                       num_agents=self.num_agents, state_shape=self.state_shape, teams=tuple(self.teams))
+                       num_agents=self.num_agents, state_shape=self.state_shape, teams=tuple(self.teams),
+                       agents_leave=self.agents_leave)
 
     def global_state(self) -> torch.Tensor:
         """Multi-agent envs: the global state ``(N, *state_shape)`` of every sub-env now."""
         raise NotImplementedError(f"{type(self).__name__} has no global state")
+
+    def active_agents(self) -> torch.Tensor:
+        """Multi-agent envs whose agents may leave (``agents_leave``): ``(N, num_agents)`` bool, the agents in every
+        sub-env's episode now, whose actions the next step uses."""
+        raise NotImplementedError(f"{type(self).__name__} has no agents that leave")
 
     def state_dict(self) -> dict[str, torch.Tensor] | None:
         """Everything a copy needs to continue this env bit for bit (states, step counters, random stream), or None

@@ -6,6 +6,11 @@ The multi-agent contract (:class:`~jaderl.envs.vec.EnvSpec` with ``num_agents > 
 ``(N, agents, action_dim)`` (continuous), rewards ``(N, agents)``. ``explore`` records ``state`` and ``next_state``
 beside the observations, so every trajectory and replay batch carries them.
 
+Where agents may leave an episode early (``agents_leave``, PettingZoo envs), ``explore`` also records ``active`` and
+``next_active`` (the agents in the episode at ``obs`` and after the step), and every algorithm learns only from the
+agents present (:func:`present_mean`): an agent's last step in an episode does not bootstrap its own value, and the
+zero observations, rewards and dropped actions of agents that have left take no part in any loss or target.
+
 Agents share their networks' parameters (one actor, one Q network ... for all agents, as in MAPPO, QMIX and the
 benchmarks built on them): :meth:`MultiAgent.features` appends each agent's one-hot id to its observation features,
 so one network can still act differently per agent. Every per-agent network therefore reads ``obs_dim`` inputs
@@ -23,6 +28,26 @@ from torch import nn
 from jaderl.core.buffers import Batch
 from jaderl.core.nets import ObsNorm
 from jaderl.envs.vec import EnvSpec
+
+
+def present_mean(x: torch.Tensor, active: torch.Tensor | None, dim: int | None = None) -> torch.Tensor:
+    """The mean of ``x`` over ``dim`` (over everything when None) of the entries of agents present: ``active`` is
+    bool and broadcasts against ``x`` (its last dim the agents'); None where every agent is always present (the env's
+    agents never leave, :attr:`~jaderl.envs.vec.EnvSpec.agents_leave`). A row without an agent present is 0."""
+    if active is None:
+        return x.mean() if dim is None else x.mean(dim)
+    mask = active.expand_as(x)
+    total = torch.where(mask, x, torch.zeros((), dtype=x.dtype, device=x.device))
+    count = mask.to(x.dtype)
+    if dim is None:
+        return total.sum() / count.sum().clamp(min=1.0)
+    return total.sum(dim) / count.sum(dim).clamp(min=1.0)
+
+
+def present_obs(traj: Batch) -> Batch:
+    """``traj`` with its observations (T, N, agents, obs_dim) cut to those of the agents present (M, obs_dim) where
+    agents may leave (``active``), for the running statistics; ``traj`` itself elsewhere."""
+    return {**traj, "obs": traj["obs"][traj["active"]]} if "active" in traj else traj
 
 
 class TeamRewardWarning(UserWarning):
@@ -56,7 +81,7 @@ class MultiAgent:
         return stats | ({"state_norm": self.state_norm} if self.state_norm.enabled else {})
 
     def observe(self, traj: Batch) -> None:
-        super().observe(traj)  # type: ignore[misc]
+        super().observe(present_obs(traj))  # type: ignore[misc]
         self.state_norm.update(traj["state"])
 
     def learns_team_reward(self) -> bool:

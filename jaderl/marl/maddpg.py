@@ -22,7 +22,9 @@ Exploring samples argmax(l + g), i.e. softmax(l); the target action a'_j is such
 discrete actions the sampling is the target smoothing); acting deterministically takes argmax(l). As in the paper's
 code, a small penalty ``actor_reg`` mean(l^2) keeps the logits from saturating. Rewards are per agent (N, A); only
 ``terminated`` stops the bootstrap. n-step returns and prioritized replay (the TD error averaged over agents) come
-from the shared off-policy base.
+from the shared off-policy base. Where agents may leave an episode early (PettingZoo), the critics read an agent that
+has left as acting 0 (a zero one-hot when discrete), its value is not bootstrapped past its last step, and its values
+and actor objective are left out of the losses.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from jaderl.core.agent import Hyperparameter
 from jaderl.core.config import ConfigError, param
 from jaderl.core.nets import mlp
 from jaderl.envs.vec import EnvSpec
-from jaderl.marl.base import MultiAgent
+from jaderl.marl.base import MultiAgent, present_mean
 
 Batch = dict[str, torch.Tensor]
 
@@ -127,13 +129,17 @@ class MADDPG(MultiAgent, TD3):
     def stored_action(self, batch: Batch) -> torch.Tensor:
         """The replayed actions as the critics read them: (B, A, action_dim), one-hot when discrete."""
         action = batch["action"]
-        return F.one_hot(action.long(), self.action_dim).float() if self.is_discrete else action
+        action = F.one_hot(action.long(), self.action_dim).float() if self.is_discrete else action
+        return action * batch["active"].unsqueeze(-1) if "active" in batch else action  # 0: the agent has left
 
     @torch.no_grad()
     def td_target(self, batch: Batch) -> torch.Tensor:
         """y_i = r_i + discount (1 - terminated) min_e Q_target_e,i(s', a') for a batch (B, ...): (B, A)."""
-        next_action = self.target_action(self.features(batch["next_obs"])).flatten(1)  # (B, A * action_dim)
-        next_q = self.critic_target(self.state_norm(batch["next_state"]), next_action).min(0).values  # (B, A)
+        next_action = self.target_action(self.features(batch["next_obs"]))  # (B, A, action_dim)
+        if "next_active" in batch:  # agents that have left act no more, and have no value to come
+            next_action = next_action * batch["next_active"].unsqueeze(-1)
+        next_q = self.critic_target(self.state_norm(batch["next_state"]), next_action.flatten(1)).min(0).values
+        next_q = next_q * batch["next_active"] if "next_active" in batch else next_q  # (B, A)
         return batch["reward"] + (batch["discount"] * ~batch["terminated"]).unsqueeze(-1) * next_q
 
     def critic_loss(self, obs: torch.Tensor, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -141,8 +147,9 @@ class MADDPG(MultiAgent, TD3):
         |Q_e,i - y_i| averaged over agents (E, B); the critics read the state, not the features ``obs``."""
         q = self.critic(self.state_norm(batch["state"]), self.stored_action(batch).flatten(1))  # (E, B, A)
         td_error = q - self.td_target(batch)
-        loss = self.weighted_mean(td_error.square().sum(0).mean(-1), batch)
-        return loss, q.detach(), td_error.detach().abs().mean(-1)
+        active = batch.get("active")  # (B, A) where agents may leave: the values of agents present only
+        loss = self.weighted_mean(present_mean(td_error.square().sum(0), active, -1), batch)
+        return loss, q.detach(), present_mean(td_error.detach().abs(), active, -1)
 
     def actor_loss(self, obs: torch.Tensor) -> torch.Tensor:
         """-mean_i Q_1,i(s, a_1 .. mu(o_i) .. a_A) for features ``obs`` (B, A, obs_dim) of the batch being learned
@@ -157,7 +164,7 @@ class MADDPG(MultiAgent, TD3):
         q = self.critic(state.flatten(0, 1), joint.flatten(2).flatten(0, 1), members=0, frozen=True)  # (1, B A, A)
         q = q.view(b, a, a).diagonal(dim1=1, dim2=2)  # (B, A)
         penalty = self.config.actor_reg * out.square().mean() if self.is_discrete else 0.0
-        return -q.mean() + penalty
+        return -present_mean(q, self.replayed.get("active")) + penalty
 
     def update_once(self, batch: Batch) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         """TD3's step (critics, then the delayed actor and targets) on a batch (B, ...); returns the statistics and

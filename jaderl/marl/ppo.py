@@ -52,7 +52,7 @@ from jaderl.core.buffers import Batch, RolloutBuffer, gae
 from jaderl.core.config import ConfigError, param
 from jaderl.core.nets import ObsNorm, mlp
 from jaderl.envs.vec import EnvSpec
-from jaderl.marl.base import MultiAgent
+from jaderl.marl.base import MultiAgent, present_mean, present_obs
 
 
 class ValueNorm(ObsNorm):
@@ -169,6 +169,9 @@ class MAPPO(MultiAgent, OnPolicyAgent):
         reward = self.team_reward(data["reward"]).unsqueeze(-1) if cfg.centralised_critic else data["reward"]
         terminated = data["terminated"] if cfg.bootstrap_truncated else data["terminated"] | data["truncated"]
         terminated, truncated = (x.unsqueeze(-1).expand_as(value) for x in (terminated, data["truncated"]))
+        if "active" in data and not cfg.centralised_critic:  # an agent that leaves mid-episode ends its own returns
+            ended = (data["terminated"] | data["truncated"]).unsqueeze(-1)
+            terminated = terminated | (data["active"] & ~data["next_active"] & ~ended)
         advantage, target = gae(reward, value, next_value, terminated, truncated, cfg.gamma, cfg.gae_lambda)
         return advantage, target, value
 
@@ -180,12 +183,13 @@ class MAPPO(MultiAgent, OnPolicyAgent):
             data["log_prob"] = self.old_log_prob(data)  # (T, N, A)
             data["advantage"], target, value = self.returns(data)
             explained = explained_variance(value, target)
-            self.value_norm.update(target)
+            own = "active" in data and not cfg.centralised_critic  # IPPO's targets of agents present only
+            self.value_norm.update(target[data["active"]] if own else target)
             if self.stats_hook is not None:  # data-parallel learners: every learner's targets, one statistic
                 self.stats_hook(self.value_norm)
             data["value_target"] = self.value_norm(target)  # in the critic's units
         batch = {k: data[k].flatten(0, 1) for k in ("obs", "state", "action", "log_prob", "advantage",
-                                                    "value_target")}  # (T * N, ...)
+                                                    "value_target", "active") if k in data}  # (T * N, ...)
         size = batch["advantage"].shape[0]
         # 2. minibatch epochs over sub-env steps, each with all its agents
         totals: dict[str, torch.Tensor] = {}
@@ -198,7 +202,8 @@ class MAPPO(MultiAgent, OnPolicyAgent):
                 self.optimize(self.optimizer, loss)
                 totals = {k: totals[k] + v for k, v in stats.items()} if totals else stats
                 num_minibatches += 1
-        self.obs_norm.update(data["obs"])  # after learning, so the old log-probabilities used the acting statistics
+        # after learning, so the old log-probabilities used the acting statistics
+        self.obs_norm.update(present_obs(data)["obs"])
         self.state_norm.update(data["state"])
         return {k: v / num_minibatches for k, v in totals.items()} | {"policy/explained_variance": explained} \
             | schedule
@@ -208,19 +213,28 @@ class MAPPO(MultiAgent, OnPolicyAgent):
         cfg = self.config
         log_prob, entropy = self.actor.evaluate(self.features(mb["obs"]).flatten(0, 1), mb["action"].flatten(0, 1))
         log_prob = log_prob.view(mb["log_prob"].shape)  # (B, A)
+        entropy = entropy.view(log_prob.shape)
         log_ratio = log_prob - mb["log_prob"]
         ratio = log_ratio.exp()
         adv = mb["advantage"]  # (B, K)
-        if cfg.normalize_advantages:
+        active = mb.get("active")  # (B, A): the agents present, where agents may leave (else every agent)
+        own = None if cfg.centralised_critic else active  # the team's advantage and value are every step's
+        if cfg.normalize_advantages and own is None:
             adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+        elif cfg.normalize_advantages:  # over the agents present only
+            adv = adv - present_mean(adv, own)
+            adv = adv / (present_mean(adv.square(), own).sqrt() + 1e-8)
         adv = adv.expand_as(ratio)  # the team's advantage for every agent (MAPPO), or each agent's own (IPPO)
-        policy_loss = -torch.min(ratio * adv, ratio.clamp(1 - cfg.clip_ratio, 1 + cfg.clip_ratio) * adv).mean()
-        value_loss = (self.value(mb["obs"], mb["state"]) - mb["value_target"]).square().mean()
-        loss = policy_loss + cfg.vf_coef * value_loss - cfg.ent_coef * entropy.mean()
+        policy_loss = -present_mean(torch.min(ratio * adv, ratio.clamp(1 - cfg.clip_ratio, 1 + cfg.clip_ratio) * adv),
+                                    active)
+        value_loss = present_mean((self.value(mb["obs"], mb["state"]) - mb["value_target"]).square(), own)
+        entropy = present_mean(entropy, active)
+        loss = policy_loss + cfg.vf_coef * value_loss - cfg.ent_coef * entropy
         with torch.no_grad():
             stats = {"loss/policy": policy_loss.detach(), "loss/value": value_loss.detach(),
-                     "policy/entropy": entropy.mean().detach(), "policy/approx_kl": ((ratio - 1) - log_ratio).mean(),
-                     "policy/clip_fraction": ((ratio - 1).abs() > cfg.clip_ratio).float().mean()}
+                     "policy/entropy": entropy.detach(), "policy/approx_kl": present_mean((ratio - 1) - log_ratio,
+                                                                                          active),
+                     "policy/clip_fraction": present_mean(((ratio - 1).abs() > cfg.clip_ratio).float(), active)}
         return loss, stats
 
 

@@ -18,6 +18,9 @@ steps, and a'_i picked by the online network (``double``, van Hasselt et al. 201
 * ``none``, independent Q-learning (IQL, Tan 1993): no mixing, every agent regresses its own Q_i on its own reward,
   y_i = r_i + gamma^k (1 - terminated) Q_target_i(o'_i, a'_i).
 
+Where agents may leave an episode early (PettingZoo), an agent that has left adds nothing: its chosen value is 0 in
+the mix, and so is its next value in the target (IQL: its own loss is left out).
+
 Agents explore epsilon-greedily, each drawing for itself, with epsilon decaying linearly over env steps. Target
 networks (agent Q and mixer) are copied every ``target_update_every`` gradient steps (``tau=1``) or Polyak-averaged.
 The loss is the Huber loss by default (as jaderl's DQN): Q_tot starts near 0 and must fall to about -50 on
@@ -46,7 +49,7 @@ from jaderl.core.buffers import Batch, ReplayBuffer
 from jaderl.core.config import ConfigError, param
 from jaderl.core.nets import declare_precision, mlp
 from jaderl.envs.vec import EnvSpec
-from jaderl.marl.base import MultiAgent
+from jaderl.marl.base import MultiAgent, present_mean
 
 MIXERS = ("qmix", "vdn", "none")
 LOSSES = {"huber": F.smooth_l1_loss, "mse": F.mse_loss}
@@ -199,11 +202,14 @@ class QMIX(MultiAgent, OffPolicyAgent):
         cfg = self.config
         obs, next_obs = self.features(batch["obs"]), self.features(batch["next_obs"])  # (B, agents, obs_dim)
         independent = cfg.mixer == "none"
+        active, next_active = batch.get("active"), batch.get("next_active")  # (B, agents) where agents may leave
         with torch.no_grad():
             # 1. every agent's next value: the target network's, at the online (double) or target network's argmax
             next_q_all = self.q_target(next_obs)  # (B, agents, actions)
             picker = self.q_net(next_obs) if cfg.double else next_q_all
             next_q = next_q_all.gather(-1, picker.argmax(-1, keepdim=True)).squeeze(-1)  # (B, agents)
+            if next_active is not None:  # an agent that has left its episode has no value to come
+                next_q = next_q * next_active
             # 2. the targets: each agent's own (IQL), or the team's from the target mixer
             bootstrap = batch["discount"] * (~batch["terminated"])  # (B,)
             if independent:
@@ -212,11 +218,13 @@ class QMIX(MultiAgent, OffPolicyAgent):
                 target = self.team_reward(batch["reward"]) + bootstrap * self.mix(next_q, batch["next_state"], True)
         # 3. the chosen actions' values, mixed into the team's
         q = self.q_net(obs).gather(-1, batch["action"].long().unsqueeze(-1)).squeeze(-1)  # (B, agents)
+        if active is not None:  # agents that have left add nothing to the team's value
+            q = q * active
         q = q if independent else self.mix(q, batch["state"])
         loss = LOSSES[cfg.loss](q, target, reduction="none")
-        loss = self.weighted_mean(loss.mean(-1) if independent else loss, batch)
+        loss = self.weighted_mean(present_mean(loss, active, -1) if independent else loss, batch)
         td_error = (q - target).detach()
-        return loss, q.detach(), td_error.abs().mean(-1) if independent else td_error
+        return loss, q.detach(), present_mean(td_error.abs(), active, -1) if independent else td_error
 
     def update_once(self, batch: Batch) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         """One gradient step on a batch (B, ...), then the target update when it is due."""

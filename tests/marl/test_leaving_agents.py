@@ -1,0 +1,233 @@
+"""Multi-agent learning where agents leave an episode before it ends (PettingZoo): the env tells which agents are in
+the episode, ``explore`` records it, and every algorithm learns from the agents present only."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, ClassVar
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("pettingzoo")
+
+import gymnasium as gym
+from pettingzoo import ParallelEnv
+
+from jaderl.api import ALGOS, make_config, train
+from jaderl.core.buffers import ReplayBuffer
+from jaderl.envs import REGISTERED_ENVS, make_env
+from jaderl.envs.pettingzoo import make_pettingzoo_env
+
+ENV = "test/leaving"
+LEAVE, LENGTH = 2, 4  # agent_1 leaves after 2 steps; the episode is truncated after 4
+
+
+class LeavingEnv(ParallelEnv):
+    """Agents ``agent_0 .. agent_2`` observing ``[t, index, last action]``; ``agent_1`` leaves (terminated) after
+    ``LEAVE`` steps, the other two are truncated together after ``LENGTH``. Each agent present gets reward
+    ``index + 1`` a step."""
+
+    metadata: ClassVar[dict[str, Any]] = {"name": "leaving_v0"}
+
+    def __init__(self, continuous: bool = False) -> None:
+        self.possible_agents = [f"agent_{i}" for i in range(3)]
+        self.continuous = continuous
+        self.agents: list[str] = []
+        self.t = 0
+
+    def observation_space(self, agent: str) -> gym.spaces.Box:
+        return gym.spaces.Box(-np.inf, np.inf, (3,), np.float32)
+
+    def action_space(self, agent: str) -> gym.spaces.Space:
+        return gym.spaces.Box(-1.0, 1.0, (1,), np.float32) if self.continuous else gym.spaces.Discrete(3)
+
+    def reset(self, seed: int | None = None, options: dict | None = None) -> tuple[dict, dict]:
+        self.t, self.agents = 0, list(self.possible_agents)
+        return {a: np.array([0, i, 0], np.float32) for i, a in enumerate(self.agents)}, {a: {} for a in self.agents}
+
+    def step(self, actions: dict[str, Any]) -> tuple[dict, dict, dict, dict, dict]:
+        assert set(actions) == set(self.agents), f"actions for {set(actions)}, but {self.agents} are in"
+        self.t += 1
+        index = {a: self.possible_agents.index(a) for a in self.agents}
+        obs = {a: np.array([self.t, index[a], float(np.asarray(actions[a]).reshape(-1)[0])], np.float32)
+               for a in self.agents}
+        rewards = {a: index[a] + 1.0 for a in self.agents}
+        terminations = {a: a == "agent_1" and self.t >= LEAVE for a in self.agents}
+        truncations = {a: self.t >= LENGTH for a in self.agents}
+        self.agents = [a for a in self.agents if not (terminations[a] or truncations[a])]
+        return obs, rewards, terminations, truncations, {a: {} for a in obs}
+
+
+@pytest.fixture
+def leaving_env(monkeypatch: pytest.MonkeyPatch) -> str:
+    """The id ``test/leaving`` (``?continuous`` is not an option of registered ids: ``test/leaving_continuous``)."""
+    for name, continuous in ((ENV, False), (ENV + "_continuous", True)):
+        monkeypatch.setitem(REGISTERED_ENVS, name, lambda n, device, seed, c=continuous: make_pettingzoo_env(
+            LeavingEnv, n, device, seed=seed, continuous=c))
+    return ENV
+
+
+def present(step: int) -> list[bool]:
+    """The agents in the episode after ``step`` steps of it (before a reset)."""
+    if step >= LENGTH:
+        return [False] * 3
+    return [True, step < LEAVE, True]
+
+
+@pytest.mark.usefixtures("no_leftover_processes")
+@pytest.mark.parametrize("workers", [0, 1])
+def test_the_env_tells_which_agents_are_in_the_episode(workers: int) -> None:
+    env = make_pettingzoo_env(LeavingEnv, 2, workers=workers)
+    try:
+        assert env.spec.agents_leave and not make_env("jaderl/simple_spread", 1).spec.agents_leave
+        env.reset(seed=0)
+        assert env.active_agents().dtype == torch.bool and env.active_agents().all()
+        for step in range(1, 2 * LENGTH + 1):
+            _, _, _, _, info = env.step(torch.zeros(2, 3, dtype=torch.long))
+            in_episode = (step - 1) % LENGTH + 1
+            assert info["final_active"].tolist() == [present(in_episode)] * 2, step
+            now = present(in_episode) if in_episode < LENGTH else [True] * 3  # a new episode has every agent
+            assert env.active_agents().tolist() == [now] * 2, step
+    finally:
+        env.close()
+
+
+def make_agent(algo: str, env: str, **settings: Any) -> Any:
+    small = {"hidden": [16, 16], "device": "cpu", "num_envs": 2, "seed": 0}
+    if algo in ("mappo", "ippo"):
+        small |= {"horizon": 6, "minibatch_size": 4}
+    config = make_config(algo, env, **(small | settings))
+    torch.manual_seed(0)
+    return ALGOS[algo].agent_cls(config, make_env(env, 2, "cpu", seed=0).spec, torch.device("cpu"))
+
+
+def test_explore_records_the_agents_present(leaving_env: str) -> None:
+    agent = make_agent("ippo", leaving_env)
+    env = make_env(leaving_env, 2, "cpu", seed=0)
+    try:
+        traj = agent.explore(env, 2 * LENGTH)
+    finally:
+        env.close()
+    assert traj["active"].shape == traj["next_active"].shape == (2 * LENGTH, 2, 3)
+    for t in range(2 * LENGTH):
+        step = t % LENGTH + 1  # the step of the episode that t takes
+        assert traj["active"][t].tolist() == [present(step - 1)] * 2, t
+        assert traj["next_active"][t].tolist() == [present(step)] * 2, t
+    spread = make_env("jaderl/simple_spread", 2, "cpu", seed=0)
+    assert "active" not in make_agent("mappo", "jaderl/simple_spread").explore(spread, 2)  # no agent ever leaves
+
+
+def test_ippo_ends_the_returns_of_an_agent_that_leaves(leaving_env: str) -> None:
+    """agent_1's last step (the 2nd of each episode) does not bootstrap from the zeros it observes after it: its value
+    target there is its reward; the agents that stay bootstrap (gamma > 0, values != 0)."""
+    agent = make_agent("ippo", leaving_env, gamma=0.9, gae_lambda=1.0)
+    env = make_env(leaving_env, 2, "cpu", seed=0)
+    try:
+        data = agent.explore(env, LENGTH)
+    finally:
+        env.close()
+    with torch.no_grad():
+        _, target, _ = agent.returns(data)
+    assert torch.allclose(target[LEAVE - 1, :, 1], data["reward"][LEAVE - 1, :, 1])
+    assert not torch.allclose(target[LEAVE - 1, :, 0], data["reward"][LEAVE - 1, :, 0])
+
+
+def perturb_absent(batch: dict[str, torch.Tensor], continuous: bool) -> dict[str, torch.Tensor]:
+    """``batch`` with what the agents absent do changed: their observations, actions, old log-probabilities,
+    advantages and value targets at ``obs`` (``active`` false) and their next observations where they have left
+    (``next_active`` false). (Their rewards are 0, as the env gives them.)"""
+    out = dict(batch)
+    gone, next_gone = ~batch["active"], ~batch["next_active"]
+    g = torch.Generator().manual_seed(1)
+
+    def noise(x: torch.Tensor) -> torch.Tensor:
+        return torch.randn(x.shape, generator=g) * 5
+
+    out["obs"] = torch.where(gone[..., None], noise(batch["obs"]), batch["obs"])
+    out["next_obs"] = torch.where(next_gone[..., None], noise(batch["next_obs"]), batch["next_obs"])
+    if continuous:
+        out["action"] = torch.where(gone[..., None], noise(batch["action"]).clamp(-1, 1), batch["action"])
+    else:
+        out["action"] = torch.where(gone, (batch["action"] + 1) % 3, batch["action"])
+    if "log_prob" in batch:
+        out["log_prob"] = torch.where(gone, noise(batch["log_prob"]), batch["log_prob"])
+    for key in ("advantage", "value_target"):
+        if key in batch and batch[key].shape[-1] == 3:  # IPPO's per agent ones
+            out[key] = torch.where(gone, noise(batch[key]), batch[key])
+    return out
+
+
+def losses(agent: Any, batch: dict[str, torch.Tensor], algo: str) -> list[torch.Tensor]:
+    """The algorithm's losses on ``batch`` and their gradients, the random draws the same each call."""
+    torch.manual_seed(3)
+    if algo in ("mappo", "ippo"):
+        out = [agent.minibatch_loss(batch)[0]]
+        params = [*agent.actor.parameters(), *agent.critic.parameters()]
+    elif algo in ("qmix", "vdn", "iql"):
+        out = [agent.q_loss(batch)[0]]
+        params = list(agent.q_net.parameters())
+    else:
+        agent.replayed = batch
+        out = [agent.critic_loss(agent.features(batch["obs"]), batch)[0],
+               agent.actor_loss(agent.features(batch["obs"]))]
+        params = [*agent.actor.parameters(), *agent.critic.parameters()]
+    grads = torch.autograd.grad(sum(out), params, allow_unused=True)
+    return out + [g for g in grads if g is not None]
+
+
+@pytest.mark.parametrize("algo", ["mappo", "ippo", "qmix", "vdn", "iql", "maddpg", "matd3"])
+def test_the_agents_absent_take_no_part_in_learning(leaving_env: str, algo: str) -> None:
+    """Changing what an agent that is not in the episode does (what it observes, its action) changes no loss and no
+    gradient; counted as present, the same change does."""
+    continuous = algo in ("maddpg", "matd3")
+    env_id = leaving_env + ("_continuous" if continuous else "")
+    agent = make_agent(algo, env_id)
+    env = make_env(env_id, 2, "cpu", seed=0)
+    try:
+        traj = agent.explore(env, 2 * LENGTH)
+    finally:
+        env.close()
+    batch = {k: v.flatten(0, 1) for k, v in traj.items()}  # (T * N, ...)
+    if algo in ("mappo", "ippo"):
+        batch["log_prob"] = torch.randn(batch["reward"].shape)
+        width = 1 if algo == "mappo" else 3
+        batch["advantage"], batch["value_target"] = torch.randn(2, batch["reward"].shape[0], width)
+    else:
+        batch["discount"] = torch.full(batch["terminated"].shape, 0.9)
+    assert not batch["active"].all() and batch["active"].any()
+    before = losses(agent, batch, algo)
+    after = losses(agent, perturb_absent(batch, continuous), algo)
+    for x, y in zip(before, after, strict=True):
+        assert torch.allclose(x, y, atol=1e-6), algo
+    everyone = {"active": torch.ones_like(batch["active"]), "next_active": torch.ones_like(batch["next_active"])}
+    before = losses(agent, batch | everyone, algo)  # the same change, every agent counted as present
+    after = losses(agent, perturb_absent(batch, continuous) | everyone, algo)
+    assert any(not torch.allclose(x, y, atol=1e-6) for x, y in zip(before, after, strict=True)), algo
+
+
+def test_n_step_transitions_take_next_active_from_their_last_step() -> None:
+    buffer = ReplayBuffer(capacity=8, num_envs=1, device="cpu")
+    active = torch.tensor([[[True, True]], [[True, True]], [[True, False]]])  # the second agent leaves at step 1
+    buffer.add({"obs": torch.zeros(3, 1, 2), "next_obs": torch.arange(3.0).view(3, 1, 1).expand(3, 1, 2),
+                "reward": torch.ones(3, 1, 2), "terminated": torch.zeros(3, 1, dtype=torch.bool),
+                "truncated": torch.zeros(3, 1, dtype=torch.bool), "active": active,
+                "next_active": torch.cat([active[1:], active[-1:]])})
+    batch = buffer.gather(torch.tensor([0]), n_step=2, gamma=0.5)
+    assert batch["next_active"].tolist() == [[True, False]]  # that of step 1, the transition's last
+    assert batch["next_obs"].tolist() == [[1.0, 1.0]]
+
+
+@pytest.mark.parametrize("algo", ["ippo", "mappo", "qmix", "iql", "maddpg", "matd3"])
+def test_every_algorithm_trains_where_agents_leave(leaving_env: str, algo: str, tmp_path: Any) -> None:
+    """A short run of each algorithm trains, evaluates and reports finite returns."""
+    env_id = leaving_env + ("_continuous" if algo in ("maddpg", "matd3") else "")
+    settings: dict[str, Any] = {"hidden": [16, 16], "num_envs": 4, "total_steps": 400, "eval_every": 200,
+                                "eval_episodes": 2, "run_dir": str(tmp_path / algo), "seed": 0, "num_threads": 1}
+    if algo in ("ippo", "mappo"):
+        settings |= {"horizon": 8, "minibatch_size": 8}
+    else:
+        settings |= {"warmup_steps": 40, "batch_size": 16}
+    result = train(algo, env_id, **settings)
+    assert math.isfinite(result.best_eval_return) and result.steps >= 400
