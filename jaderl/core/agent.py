@@ -26,7 +26,7 @@ from jaderl.core.buffers import Batch, ReplayBuffer, RolloutBuffer
 from jaderl.core.config import Config, ConfigError
 from jaderl.core.nets import NatureCNN, ObsNorm
 from jaderl.envs.episodes import EpisodeStats
-from jaderl.envs.observations import observation_batch
+from jaderl.envs.observations import flag, observation_batch
 from jaderl.envs.vec import EnvError, EnvSpec, VecEnv, rescale_actions
 
 
@@ -172,7 +172,7 @@ class Agent:
         Observations of another shape, non-numeric or non-finite, or pixels outside 0..255, raise ValueError
         (:func:`jaderl.envs.observations.observation_batch`)."""
         x, single = observation_batch(obs, self.obs_shape, self.spec.num_agents, self.device, self.spec.obs_dtype)
-        action = self.act(x, deterministic)
+        action = self.act(x, flag("deterministic", deterministic))
         if (bounds := self.spec.action_bounds(self.device)) is not None:
             action = rescale_actions(action, *bounds)
         out = action.cpu().numpy().astype(np.int64 if self.is_discrete else np.float32)

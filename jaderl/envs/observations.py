@@ -51,3 +51,11 @@ def observation_batch(obs: Any, obs_shape: Sequence[int], num_agents: int, devic
     x = torch.as_tensor(array, device=device)
     x = x.to(torch.uint8) if obs_dtype == "uint8" else x.float()
     return (x.unsqueeze(0) if single else x), single
+
+
+def flag(name: str, value: Any) -> bool:
+    """``value`` of a true-or-false argument ``name`` as a bool; anything but a bool (NumPy's too) raises a TypeError
+    naming it, since a string such as ``"no"`` would otherwise count as true."""
+    if isinstance(value, bool | np.bool_):
+        return bool(value)
+    raise TypeError(f"{name} must be True or False, not {value!r}")

@@ -99,6 +99,19 @@ def test_predict_refuses_what_the_agent_cannot_act_on_in_one_sentence(obs: objec
     assert agent.predict(torch.zeros(3, dtype=torch.bfloat16)).shape == (1,)  # what numpy cannot hold still goes
 
 
+@pytest.mark.parametrize("deterministic", ["no", 0, None])
+def test_predict_takes_deterministic_as_true_or_false_only(deterministic: object) -> None:
+    """A string such as "no" would count as true: predict says so instead of acting deterministically."""
+    from jaderl.api import ALGOS, make_config
+
+    env = make_env("jaderl/Pendulum-v1", 1)
+    agent = ALGOS["sac"].agent_cls(make_config("sac", "jaderl/Pendulum-v1", device="cpu"), env.spec,
+                                   torch.device("cpu"))
+    with pytest.raises(TypeError, match=rf"^deterministic must be True or False, not {deterministic!r}$"):
+        agent.predict(np.zeros(3), deterministic=deterministic)  # type: ignore[arg-type]
+    assert agent.predict(np.zeros(3), deterministic=np.bool_(False)).shape == (1,)
+
+
 ACTION_DIM = 2
 
 
