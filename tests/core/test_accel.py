@@ -199,6 +199,36 @@ def test_the_cpu_tanh_form_is_measured_once_or_set_by_the_environment(monkeypatc
         assert isinstance(accel.sigmoid_tanh_is_faster(), bool)
 
 
+def test_a_linear_layer_and_its_tanh_run_as_one_with_the_same_values(sigmoid_tanh: bool,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the CPU's tanh takes the sigmoid form, a tanh MLP's linear layers and their Tanh run as one autograd
+    function (the doubling in the matrix product): the outputs are bit for bit those of the layers one by one, the
+    gradients equal up to rounding; elsewhere, and for a layer with a hook, the layers run one by one."""
+    monkeypatch.setattr(accel, "block_bytes", lambda: 2**62)  # one block, as the reference computes
+    fused: list[int] = []
+    apply = accel._LinearSigmoidTanh.apply
+    monkeypatch.setattr(accel._LinearSigmoidTanh, "apply", lambda *args: fused.append(1) or apply(*args))
+    torch.manual_seed(0)
+    net = mlp([21, 64, 64, 5], torch.nn.Tanh)
+    x = torch.randn(4096, 21)
+    out = net(x)
+    reference = torch.nn.Sequential.forward(net, x)  # the layers one by one
+    assert torch.equal(out, reference) and len(fused) == (2 if sigmoid_tanh else 0)
+    grads = torch.autograd.grad(out.square().sum(), list(net.parameters()))
+    for grad, expected in zip(grads, torch.autograd.grad(reference.square().sum(), list(net.parameters())),
+                              strict=True):
+        assert torch.allclose(grad, expected, rtol=1e-5, atol=1e-6)
+    with torch.no_grad():  # acting: the same values, in place
+        assert torch.equal(net(x), reference.detach())
+    x_grad = x.clone().requires_grad_()  # an input that needs its gradient (an actor's output into a critic)
+    (expected,) = torch.autograd.grad(torch.nn.Sequential.forward(net, x_grad).sum(), x_grad)
+    assert torch.allclose(torch.autograd.grad(net(x_grad).sum(), x_grad)[0], expected, rtol=1e-5, atol=1e-6)
+    fused.clear()
+    calls: list[int] = []
+    net[2].register_forward_hook(lambda layer, args, output: calls.append(1))
+    assert torch.equal(net(x), reference) and calls == [1] and len(fused) == (1 if sigmoid_tanh else 0)
+
+
 def test_on_policy_networks_use_the_cpu_tanh() -> None:
     assert isinstance(mlp([3, 8, 1])[1], torch.nn.ReLU)  # (nn.Tanh becomes Tanh: tests/core/test_nets.py)
     agent, _ = _agent(PPO, "ppo", "jaderl/Pendulum-v1", False)
