@@ -373,6 +373,9 @@ class GymnasiumSpaces(VecEnv):
 class GymnasiumVecEnv(GymnasiumSpaces):
     """Adapts a Gymnasium env id, env instance, or vector env (sync or async) to the jaderl contract.
 
+    An id makes ``num_envs`` sub-envs; an env instance is one sub-env (``num_envs`` 1: an instance cannot be copied
+    into independent sub-envs), and a vector env keeps its own number of sub-envs.
+
     Box actions are rescaled from ``[-1, 1]`` to the env's bounds; observations and rewards become float32 tensors
     on ``device`` (uint8 image observations stay uint8). Vector envs must auto-reset in the same step
     (``autoreset_mode=gym.vector.AutoresetMode.SAME_STEP``), which is what this adapter builds from an id.
@@ -399,6 +402,11 @@ class GymnasiumVecEnv(GymnasiumSpaces):
             except Exception as exc:
                 raise self._env_failed("built", exc) from exc
         elif isinstance(env, gym.Env):
+            if num_envs > 1:
+                what = repr(env.spec.id) if env.spec is not None else type(env.unwrapped).__name__
+                raise EnvError(f"an env instance ({what}) cannot be copied into {num_envs} independent sub-envs; pass "
+                               f"the env id, or gym.vector.SyncVectorEnv([make_env] * {num_envs}, autoreset_mode="
+                               "gym.vector.AutoresetMode.SAME_STEP) where make_env returns a new env")
             single = env
             env = gym.vector.SyncVectorEnv([lambda: single], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
         elif not isinstance(env, gym.vector.VectorEnv):

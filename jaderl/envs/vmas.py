@@ -32,7 +32,10 @@ contract of :class:`~jaderl.envs.vec.EnvSpec` for the scenario's ``A`` policy ag
   of observations and rewards).
 * **Seeds**: ``seed`` seeds VMAS (``vmas.make_env(seed=...)``) and ``reset(seed)`` reseeds it; ``reset()`` draws
   new episodes from the stream. VMAS keeps one random state for all its envs of a process (a class attribute), so
-  two VMAS envs in one process draw from the same stream.
+  two VMAS envs in one process draw from the same stream. It keeps that state apart from the process's own CPU
+  generator (and NumPy's and Python's), and the adapter does the same for the CUDA generators of every device
+  (:data:`VMAS_CUDA_STATES`): seeding or stepping VMAS, which calls ``torch.manual_seed`` and draws on its device,
+  leaves the process's CUDA random streams (the agent's exploration, dropout) as they were.
 * **Copies**: no ``state_dict``: a scenario's state lives in attributes of its own (goals, shaping terms, sampled
   fields) besides the entities' positions and velocities, which VMAS offers no way to copy exactly, so resumed runs
   restart their episodes.
@@ -40,7 +43,9 @@ contract of :class:`~jaderl.envs.vec.EnvSpec` for the scenario's ``A`` policy ag
 
 from __future__ import annotations
 
+import contextlib
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -58,6 +63,30 @@ VMAS_OWN_OPTIONS = ("continuous_actions", "terminated_truncated", "dict_spaces",
 """Keywords of ``vmas.make_env`` itself that decide what the adapter reads (lists of per-agent tensors, ``Discrete``
 actions, separate terminated and truncated flags, VMAS's own env): jaderl sets them, so options of these names are
 refused rather than passed on."""
+
+VMAS_CUDA_STATES: list[torch.Tensor] = []
+"""VMAS's own states of the CUDA generators, one per device (``torch.cuda.get_rng_state_all()``), shared by the VMAS
+envs of a process as VMAS shares its CPU random state; empty until VMAS first runs where CUDA is available."""
+
+
+@contextlib.contextmanager
+def vmas_cuda_rng(device: torch.device | str) -> Iterator[None]:
+    """Run VMAS on CUDA generators of its own: where the env is on a GPU or CUDA has started in this process, every
+    device's generator holds VMAS's state (:data:`VMAS_CUDA_STATES`; the process's state the first time) inside the
+    block, and the process's own again after it, also when the block raises. VMAS itself does this for the CPU
+    generator only. A CPU env in a process where CUDA has not started leaves it unstarted (a forked worker process
+    cannot start it)."""
+    if not (torch.cuda.is_available() and (torch.device(device).type == "cuda" or torch.cuda.is_initialized())):
+        yield
+        return
+    outer = torch.cuda.get_rng_state_all()
+    if VMAS_CUDA_STATES:
+        torch.cuda.set_rng_state_all(VMAS_CUDA_STATES)
+    try:
+        yield
+    finally:
+        VMAS_CUDA_STATES[:] = torch.cuda.get_rng_state_all()
+        torch.cuda.set_rng_state_all(outer)
 
 
 class VmasVecEnv(VecEnv):
@@ -83,8 +112,8 @@ class VmasVecEnv(VecEnv):
         if max_steps < 1:  # (VMAS's "no limit" would let an evaluation of a scenario that never ends run 100,000 steps)
             raise EnvError(f"VMAS option max_steps={max_steps} must be at least 1 (the steps after which an episode "
                            "is truncated), e.g. ?max_steps=100")
-        with warnings.catch_warnings():  # VMAS only warns of options its scenario does not read: a typo would pass
-            warnings.filterwarnings("error", message=".*passed but not used by the scenario")
+        with vmas_cuda_rng(device), warnings.catch_warnings():  # VMAS only warns of options its scenario does not read:
+            warnings.filterwarnings("error", message=".*passed but not used by the scenario")  # a typo would pass
             try:
                 self.env = vmas.make_env(scenario, num_envs=num_envs, device=device, continuous_actions=continuous,
                                          max_steps=max_steps, seed=seed, terminated_truncated=True, **kwargs)
@@ -104,7 +133,8 @@ class VmasVecEnv(VecEnv):
         self.num_agents = len(self.agents)
         self.teams = agent_teams(self.agents)
         self._read_actions(scenario)
-        obs = self._observe()
+        with vmas_cuda_rng(self.device):
+            obs = self._observe()
         for name, agent_obs in zip(self.agents, obs, strict=True):
             if not isinstance(agent_obs, torch.Tensor) or agent_obs.ndim != 2:
                 raise EnvError(f"VMAS scenario {scenario!r} gives agent {name} observations of type "
@@ -164,7 +194,8 @@ class VmasVecEnv(VecEnv):
         return self._state(self._obs)
 
     def reset(self, seed: int | None = None) -> torch.Tensor:
-        obs = self.env.reset(seed=seed)
+        with vmas_cuda_rng(self.device):
+            obs = self.env.reset(seed=seed)
         if not bool(torch.stack([torch.isfinite(o).all() for o in obs]).all()):
             raise EnvError("the env returned a non-finite observation; fix the scenario or wrap it to clip or reset")
         self._obs = obs
@@ -176,7 +207,8 @@ class VmasVecEnv(VecEnv):
         if not self.is_discrete:  # rescale, then clamp: VMAS refuses values a rounding error beyond its bounds
             action = self._agent_low + (action + 1.0) * 0.5 * (self._agent_high - self._agent_low)
             action = torch.minimum(torch.maximum(action, self._agent_low), self._agent_high)
-        obs, rewards, terminated, truncated, _ = self.env.step([action[:, i] for i in range(self.num_agents)])
+        with vmas_cuda_rng(self.device):
+            obs, rewards, terminated, truncated, _ = self.env.step([action[:, i] for i in range(self.num_agents)])
         reward = torch.stack(rewards, dim=1).to(torch.float32)  # (N, A)
         final_obs, final_state = self._pack(obs), self._state(obs)
         done = terminated | truncated
@@ -186,12 +218,13 @@ class VmasVecEnv(VecEnv):
             what = "reward" if obs_finite else "observation"
             raise EnvError(f"the env returned a non-finite {what}; fix the scenario or wrap it to clip or reset")
         if any_done:
-            if all_done:
-                self.env.reset(return_observations=False)
-            else:  # VMAS scenarios reset one index or every sub-env, not a subset
-                for index in done.nonzero().flatten().tolist():
-                    self.env.reset_at(index, return_observations=False)
-            fresh = self._observe()
+            with vmas_cuda_rng(self.device):
+                if all_done:
+                    self.env.reset(return_observations=False)
+                else:  # VMAS scenarios reset one index or every sub-env, not a subset
+                    for index in done.nonzero().flatten().tolist():
+                        self.env.reset_at(index, return_observations=False)
+                fresh = self._observe()
             obs = [torch.where(done.unsqueeze(1), new, old) for new, old in zip(fresh, obs, strict=True)]
             if not bool(torch.isfinite(self._state(obs)).all()):
                 raise EnvError("the env returned a non-finite observation; fix the scenario or wrap it to clip or "

@@ -6,9 +6,9 @@ import math
 from collections.abc import Iterator
 from typing import Any
 
-import numpy as np
 import pytest
 import torch
+from action_checks import check_list_actions, check_refused_actions
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from jaderl.envs import TORCH_ENVS, make_env
@@ -213,17 +213,9 @@ def test_lists_and_numpy_actions_step_as_the_same_tensor() -> None:
     env = ChasingEnv(2, dtype=torch.float64, seed=0)
     env.reset()
     before = {k: v.clone() for k, v in env.state_dict().items()}
-    values = [[0.5, -0.25], [1.0, 0.75]]
-    want = env.step(torch.tensor(values))
-    for action in (values, tuple(values), np.array(values), np.array(values, dtype=np.float32)):
-        env.load_state_dict(before)
-        got = env.step(action)
-        assert all(torch.equal(a, b) for a, b in zip(got[:4], want[:4], strict=True)), action
+    check_list_actions(env, [[0.5, -0.25], [1.0, 0.75]], lambda: env.load_state_dict(before))
     env.load_state_dict(before)
-    for junk in (["left", "right"], [[0.5], [0.5, 0.5]], None, [1j, 2j]):
-        with pytest.raises(EnvError, match=r"^ChasingEnv cannot read actions from a \w+ \([^)]*\)+; pass a "
-                                           r"torch\.Tensor, or a NumPy array or list of real numbers$"):
-            env.step(junk)
+    check_refused_actions(env, name="ChasingEnv", junk=(["left", "right"], [[0.5], [0.5, 0.5]], None, [1j, 2j]))
     after = env.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)  # nothing moved
 

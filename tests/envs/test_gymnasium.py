@@ -12,6 +12,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from action_checks import check_list_actions, check_refused_actions
 
 from jaderl.cli import main
 from jaderl.envs import make_env
@@ -144,24 +145,9 @@ def test_lists_and_numpy_actions_are_read_and_non_integral_discrete_ones_refused
     env = make_env(env_id, 2)
     try:
         values = [0, 1] if env.is_discrete else [[0.5], [-0.25]]
-        env.reset(seed=3)
-        want = env.step(torch.tensor(values))
-        actions: list[Any] = [values, np.array(values)]
-        if env.is_discrete:
-            actions.append(torch.tensor([0.0, 1.0]))
-        for action in actions:
-            env.reset(seed=3)
-            got = env.step(action)
-            assert all(torch.equal(a, b) for a, b in zip(got[:4], want[:4], strict=True)), action
-        if env.is_discrete:
-            for action in (torch.tensor([0.7, 1.5]), [1.0, 0.5]):
-                with pytest.raises(EnvError, match=r"^the env takes discrete actions as whole numbers, got 0\.[57]; "
-                                                   r"pass integer actions \(an int64 tensor"):
-                    env.step(action)
-        for junk in (["left", "right"], None, np.array(["a", "b"])):
-            with pytest.raises(EnvError, match=r"^the env cannot read actions from a \w+ \([^)]*\); pass a "
-                                               r"torch\.Tensor, or a NumPy array or list of real numbers$"):
-                env.step(junk)
+        non_integral = [torch.tensor([0.7, 1.5]), [1.0, 0.5]] if env.is_discrete else []
+        check_list_actions(env, values, lambda: env.reset(seed=3))
+        check_refused_actions(env, non_integral=non_integral)
     finally:
         env.close()
 
@@ -211,3 +197,27 @@ def test_a_vector_env_that_ends_episodes_without_final_observations_is_one_sente
                                        r"AutoresetMode\.SAME_STEP$"):
         env.step(torch.zeros(2, dtype=torch.int64))
     env.close()
+
+
+def test_an_env_instance_is_one_sub_env_and_is_not_copied_into_several() -> None:
+    """An env instance cannot be copied into independent sub-envs: with num_envs > 1 it is refused in one sentence
+    naming the fix (the id, or a vector env of a function that makes one env per sub-env), which works; with
+    num_envs=1 it is the one sub-env."""
+    with pytest.raises(EnvError, match=r"^an env instance \('CartPole-v1'\) cannot be copied into 4 independent "
+                                       r"sub-envs; pass the env id, or gym\.vector\.SyncVectorEnv\(\[make_env\] \* 4, "
+                                       r"autoreset_mode=gym\.vector\.AutoresetMode\.SAME_STEP\) where make_env returns "
+                                       r"a new env$"):
+        GymnasiumVecEnv(gym.make("CartPole-v1"), num_envs=4)
+    with pytest.raises(EnvError, match=r"^an env instance \(Float64Box\) cannot be copied into 2 independent"):
+        GymnasiumVecEnv(gym.wrappers.ClipAction(Float64Box()), 2)
+    fixed = GymnasiumVecEnv(gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")] * 4,
+                                                     autoreset_mode=gym.vector.AutoresetMode.SAME_STEP))
+    single = GymnasiumVecEnv(gym.make("CartPole-v1"), num_envs=1)
+    try:
+        assert fixed.num_envs == 4 and fixed.reset(seed=0).shape == (4, 4)
+        assert single.num_envs == 1 and single.reset(seed=0).shape == (1, 4)
+        obs, reward, *_ = single.step(torch.tensor([1]))
+        assert obs.shape == (1, 4) and reward.tolist() == [1.0]
+    finally:
+        fixed.close()
+        single.close()

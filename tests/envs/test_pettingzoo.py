@@ -15,6 +15,7 @@ pytest.importorskip("pettingzoo")
 pytest.importorskip("mpe2")
 
 import gymnasium as gym
+from action_checks import JUNK_ACTIONS, assert_same_step, check_list_actions, check_refused_actions
 from mpe2 import simple_spread_v3, simple_tag_v3
 from pettingzoo import ParallelEnv
 
@@ -285,28 +286,13 @@ def test_lists_and_numpy_actions_are_read_and_non_integral_discrete_ones_refused
     env = make_pettingzoo_env("mpe2.simple_spread_v3", 2, seed=0, workers=workers, continuous_actions=continuous)
     try:
         values = [[[0.5] * 5, [-0.25] * 5, [1.0] * 5], [[0.0] * 5] * 3] if continuous else [[0, 3, 1], [4, 2, 0]]
-        env.reset(seed=3)
-        want = env.step(torch.tensor(values))
-        actions: list[Any] = [values, tuple(values), np.array(values)]
-        if not continuous:
-            actions.append(torch.tensor(values, dtype=torch.float32))
-        for action in actions:
-            env.reset(seed=3)
-            got = env.step(action)
-            assert all(torch.equal(a, b) for a, b in zip(got[:4], want[:4], strict=True)), action
+        want = check_list_actions(env, values, lambda: env.reset(seed=3))
         env.reset(seed=3)
         bad: list[Any] = [] if continuous else [torch.full((2, 3), 0.7), [[1.0, 0.5, 0.0], [0.0] * 3],
                                                 np.full((2, 3), 0.7)]
-        for action in bad:
-            with pytest.raises(EnvError, match=r"^the env takes discrete actions as whole numbers, got 0\.[57]; "
-                                               r"pass integer actions \(an int64 tensor"):
-                env.step(action)
-        for junk in (["left", "right"], [[0], [1, 0]], None, np.array(["a", "b"])):
-            with pytest.raises(EnvError, match=r"^the env cannot read actions from a \w+ \([^)]*\)+; pass a "
-                                               r"torch\.Tensor, or a NumPy array or list of real numbers$"):
-                env.step(junk)
+        check_refused_actions(env, non_integral=bad, junk=(*JUNK_ACTIONS, [[0], [1, 0]]))
         got = env.step(values)  # the first step after the reset: nothing refused reached a sub-env
-        assert all(torch.equal(a, b) for a, b in zip(got[:4], want[:4], strict=True))
+        assert_same_step(got, want)
     finally:
         env.close()
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from action_checks import check_list_actions, check_refused_actions
 
 from jaderl import api, cli
 from jaderl.envs import TORCH_ENVS, make_env
@@ -419,16 +420,8 @@ def test_lists_and_numpy_actions_trade_as_the_same_tensor(tmp_path: Path) -> Non
     env = StockTradingEnv(2, env_id=STOCK_ID + f"?csv={_synthetic_csv(tmp_path)}", seed=0)
     env.reset()
     before = {k: v.clone() for k, v in env.state_dict().items()}
-    values = [[0.5, -0.25, 1.0], [0.0, 0.75, -1.0]]
-    want = env.step(torch.tensor(values))
-    for action in (values, tuple(values), np.array(values), np.array(values, dtype=np.float32)):
-        env.load_state_dict(before)
-        got = env.step(action)
-        assert all(torch.equal(a, b) for a, b in zip(got[:4], want[:4], strict=True)), action
+    check_list_actions(env, [[0.5, -0.25, 1.0], [0.0, 0.75, -1.0]], lambda: env.load_state_dict(before))
     env.load_state_dict(before)
-    for junk in (["buy", "sell"], [[0.5], [0.5, 0.5]], None):
-        with pytest.raises(EnvError, match=r"^StockTradingEnv cannot read actions from a \w+ \([^)]*\)+; pass a "
-                                           r"torch\.Tensor, or a NumPy array or list of real numbers$"):
-            env.step(junk)
+    check_refused_actions(env, name="StockTradingEnv", junk=(["buy", "sell"], [[0.5], [0.5, 0.5]], None))
     after = env.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)

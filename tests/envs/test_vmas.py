@@ -12,6 +12,9 @@ import torch
 
 pytest.importorskip("vmas")
 
+from action_checks import JUNK_ACTIONS, assert_same_step, check_list_actions, check_refused_actions
+
+import jaderl.envs.vmas
 from jaderl.envs.vec import EnvError
 from jaderl.envs.vmas import VmasVecEnv, make_vmas_env
 
@@ -176,28 +179,14 @@ def test_lists_and_numpy_actions_are_read_and_non_integral_discrete_ones_refused
     actions reach no sub-env."""
     env = make_vmas_env("balance", 2, seed=0, continuous=continuous)
     values = [[[0.5, -0.25], [1.0, 0.0], [-1.0, 0.75]], [[0.0, 0.0]] * 3] if continuous else [[0, 3, 8], [4, 2, 0]]
-    env.reset(seed=3)
-    want = env.step(torch.tensor(values))
-    actions: list[Any] = [values, tuple(values), np.array(values)]
-    if not continuous:
-        actions.append(torch.tensor(values, dtype=torch.float32))
-    for action in actions:
-        env.reset(seed=3)
-        got = env.step(action)
-        assert all(torch.equal(a, b) for a, b in zip(got[:4], want[:4], strict=True)), action
+    want = check_list_actions(env, values, lambda: env.reset(seed=3))
     env.reset(seed=3)
     bad: list[Any] = [] if continuous else [torch.full((2, 3), 0.7), [[1.0, 0.5, 0.0], [0.0] * 3],
                                             np.full((2, 3), 0.7)]
-    for action in bad:
-        with pytest.raises(EnvError, match=r"^the env takes discrete actions as whole numbers, got 0\.[57]; pass "
-                                           r"integer actions \(an int64 tensor"):
-            env.step(action)
-    for junk in (["left", "right"], [[0], [1, 0]], None, np.array(["a", "b"])):
-        with pytest.raises(EnvError, match=r"^the env cannot read actions from a \w+ \([^)]*\)+; pass a "
-                                           r"torch\.Tensor, or a NumPy array or list of real numbers$"):
-            env.step(junk)
+    check_refused_actions(env, non_integral=bad, junk=(*JUNK_ACTIONS, [[0], [1, 0]]))
     got = env.step(values)  # the first step after the reset: nothing refused reached a sub-env
-    assert all(torch.equal(a, b) for a, b in zip(got[:4], want[:4], strict=True))
+    assert_same_step(got, want)
+
 
 def test_non_finite_rewards_from_the_scenario_are_reported() -> None:
     env = make_vmas_env("navigation", 2, seed=0)
@@ -226,3 +215,64 @@ def test_options_of_vmas_make_env_itself_are_refused(option: dict[str, Any]) -> 
     with pytest.raises(EnvError, match=rf"^VMAS option {key} is jaderl's to set \(it reads VMAS's lists of tensors "
                                        r"and its Discrete or Box actions\); remove it, and give continuous=true"):
         make_vmas_env("navigation", 2, **option)
+
+
+class FakeCudaGenerators:
+    """The CUDA generators of two devices as ``torch.cuda`` keeps them (a state per device), without a GPU; the
+    ``seeds`` ``torch.manual_seed`` gave them through ``torch.cuda.manual_seed_all``."""
+
+    def __init__(self, value: int) -> None:
+        self.states = [torch.tensor([value], dtype=torch.uint8)] * 2
+        self.seeds: list[int] = []
+
+    def manual_seed_all(self, seed: int) -> None:
+        self.seeds.append(seed)
+        self.set_rng_state_all([torch.tensor([seed], dtype=torch.uint8)] * 2)
+
+    def get_rng_state_all(self) -> list[torch.Tensor]:
+        return [state.clone() for state in self.states]
+
+    def set_rng_state_all(self, states: list[torch.Tensor]) -> None:
+        self.states = [state.clone() for state in states]
+
+    def values(self) -> list[int]:
+        return [int(state.item()) for state in self.states]
+
+
+def test_seeding_vmas_leaves_the_process_cuda_generators_as_they_were(monkeypatch: pytest.MonkeyPatch) -> None:
+    """VMAS's seeding calls torch.manual_seed, which reseeds the CUDA generator of every device: once CUDA has
+    started (or on a GPU), a seeded VMAS env or reset leaves the process's CUDA generators as they were (also when
+    VMAS raises), and VMAS goes on from its own CUDA state, not the process's."""
+    cuda = FakeCudaGenerators(7)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: pytest.fail("CUDA started for a CPU env"))
+    make_vmas_env("navigation", 2, seed=5).close()  # on the CPU, before CUDA started: CUDA is left unstarted
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)  # CUDA started in this process
+    for name in ("manual_seed_all", "get_rng_state_all", "set_rng_state_all"):
+        monkeypatch.setattr(torch.cuda, name, getattr(cuda, name))
+    monkeypatch.setattr(jaderl.envs.vmas, "VMAS_CUDA_STATES", [])
+    env = make_vmas_env("navigation", 2, seed=5)
+    assert cuda.seeds == [5] and cuda.values() == [7, 7]  # VMAS reseeded the CUDA generators; they are back
+    env.reset(seed=3)
+    assert cuda.seeds == [5, 3] and cuda.values() == [7, 7]
+    seen: list[list[int]] = []
+    vmas_step = env.env.step
+
+    def step(actions: list[torch.Tensor]) -> Any:
+        seen.append(cuda.values())
+        return vmas_step(actions)
+
+    monkeypatch.setattr(env.env, "step", step)
+    cuda.set_rng_state_all([torch.tensor([9], dtype=torch.uint8)] * 2)  # the process draws from its own streams
+    env.step(torch.zeros(2, 4, dtype=torch.long))
+    assert seen == [[3, 3]] and cuda.values() == [9, 9]  # VMAS steps from the state its seeded reset left
+
+    def failing_reset(**kwargs: Any) -> Any:
+        torch.manual_seed(11)
+        raise RuntimeError("the scenario failed")
+
+    monkeypatch.setattr(env.env, "reset", failing_reset)
+    with pytest.raises(RuntimeError, match="the scenario failed"):
+        env.reset(seed=11)
+    assert cuda.seeds[-1] == 11 and cuda.values() == [9, 9]
