@@ -11,8 +11,10 @@ class ReplayBuffer:
     """Circular buffer of whole horizons: every field is one contiguous (T, N, ...) tensor on ``device``.
 
     ``add`` writes a (H, N, ...) trajectory at once; ``sample`` draws transitions uniformly over every stored
-    (t, n) pair with one gather per field. Storage is allocated on the first ``add`` from the trajectory's
-    shapes and dtypes, so any field an algorithm records (obs, next_obs, log-probs ...) is kept.
+    (t, n) pair (flat index t * N + n) with one gather per field. Storage is allocated on the first ``add`` from the
+    trajectory's shapes and dtypes, so any field an algorithm records (obs, next_obs, log-probs ...) is kept; a field
+    that rows restored from an older checkpoint lack is allocated when it first comes, zeros there (true for flags:
+    ``active``, every agent present).
     """
 
     def __init__(self, capacity: int, num_envs: int, device: torch.device | str) -> None:
@@ -27,9 +29,10 @@ class ReplayBuffer:
 
     def add(self, traj: Batch) -> None:
         horizon = next(iter(traj.values())).shape[0]
-        if not self.data:
-            self.data = {k: torch.zeros((self.rows, *v.shape[1:]), dtype=v.dtype, device=self.device)
-                         for k, v in traj.items()}
+        for key, value in traj.items():  # storage of every field (see the class docstring)
+            if key not in self.data:
+                fill = bool(self.data) and value.dtype == torch.bool  # a field that the stored rows lack: flags true
+                self.data[key] = torch.full((self.rows, *value.shape[1:]), fill, dtype=value.dtype, device=self.device)
         if horizon > self.rows:
             traj, horizon = {k: v[-self.rows:] for k, v in traj.items()}, self.rows
         first = min(horizon, self.rows - self.ptr)  # rows before the wrap-around
@@ -42,8 +45,7 @@ class ReplayBuffer:
 
     def sample(self, batch_size: int, n_step: int = 1, gamma: float = 0.99) -> Batch:
         """A uniform batch (B, ...) of stored transitions with their ``discount`` (see :meth:`gather`)."""
-        idx = torch.randint(self.size * self.num_envs, (batch_size,), device=self.device)  # flat t * N + n
-        return self.gather(idx, n_step, gamma)
+        return self.gather(torch.randint(self.size * self.num_envs, (batch_size,), device=self.device), n_step, gamma)
 
     def gather(self, idx: torch.Tensor, n_step: int, gamma: float) -> Batch:
         """Transitions at flat indices ``idx`` (t * N + n), as n-step transitions when ``n_step > 1``.

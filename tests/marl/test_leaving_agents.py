@@ -231,3 +231,19 @@ def test_every_algorithm_trains_where_agents_leave(leaving_env: str, algo: str, 
         settings |= {"warmup_steps": 40, "batch_size": 16}
     result = train(algo, env_id, **settings)
     assert math.isfinite(result.best_eval_return) and result.steps >= 400
+
+
+def test_a_replay_buffer_restored_without_active_counts_every_agent_present_there() -> None:
+    """Rows restored from a checkpoint written before ``active`` was recorded take the new fields when they first
+    come: flags true in the old rows (every agent present, as those rows were learned from), the new rows as given."""
+    old = ReplayBuffer(capacity=8, num_envs=1, device="cpu")
+    flags = torch.zeros(2, 1, dtype=torch.bool)
+    step = {"obs": torch.zeros(2, 1, 2), "reward": torch.ones(2, 1, 2), "terminated": flags, "truncated": flags}
+    old.add(step)
+    buffer = ReplayBuffer(capacity=8, num_envs=1, device="cpu")
+    buffer.load_state_dict(*old.state_dict())
+    gone = torch.tensor([[[True, False]]] * 2)
+    buffer.add(step | {"active": gone, "next_active": gone, "log_prob": torch.ones(2, 1, 2)})
+    assert buffer.data["active"][:4, 0].tolist() == [[True, True]] * 2 + [[True, False]] * 2
+    assert buffer.data["next_active"][:2].all() and buffer.data["log_prob"][:2].eq(0).all()  # numbers: zeros
+    assert not buffer.data["terminated"][:4].any()  # fields they had are as they were
