@@ -7,6 +7,7 @@ import gc
 import multiprocessing as mp
 import os
 import signal
+import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -114,6 +115,35 @@ def no_leftover_processes() -> Iterator[None]:
     assert not left, f"processes left behind: {left}"
     assert not zombies, f"zombie processes: {zombies}"
     assert not [p for p in mp.active_children() if p.name.startswith("jaderl-")]
+
+
+def _session_pids(session_id: int) -> list[int]:
+    """The pids of every process in session ``session_id`` (``pgrep -s``)."""
+    found = subprocess.run(["pgrep", "-s", str(session_id)], capture_output=True, text=True).stdout.split()
+    return [int(pid) for pid in found]
+
+
+def _assert_session_ended(session_id: int, timeout_s: float = 5.0) -> None:
+    """Fail unless every process of session ``session_id`` is gone within ``timeout_s`` (multiprocessing's resource
+    tracker exits once it sees its parent gone)."""
+    deadline = time.monotonic() + timeout_s
+    while (survivors := _session_pids(session_id)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not survivors, f"processes of the run's session still alive: {survivors}"
+
+
+@pytest.fixture
+def session_pids() -> Callable[[int], list[int]]:
+    """A function listing the pids of the processes in a session (a run started with ``start_new_session=True``
+    has its pid as session id)."""
+    return _session_pids
+
+
+@pytest.fixture
+def session_ended() -> Callable[[int], None]:
+    """A function that fails the test unless every process of a session (a run started with
+    ``start_new_session=True``: its pid) has exited within a few seconds."""
+    return _assert_session_ended
 
 
 class HostSync(AssertionError):

@@ -58,7 +58,15 @@ from jaderl.core.config import Config, ConfigError
 from jaderl.core.loop import TrainingError, TrainResult, prepare_run_dir, resolve_device, train
 from jaderl.core.nets import ObsNorm
 from jaderl.envs.vec import EnvError
-from jaderl.parallel.exits import END_SIGNAL, ENDED_EXIT, SIGTERM_EXIT, describe_exit, signals_ignored, stop_on_sigterm
+from jaderl.parallel.exits import (
+    END_SIGNAL,
+    ENDED_EXIT,
+    SIGTERM_EXIT,
+    describe_exit,
+    signals_blocked,
+    signals_ignored,
+    stop_on_sigterm,
+)
 from jaderl.parallel.fusion import all_reduce_mean_, state_tensors
 
 SEED_STRIDE = 10_007
@@ -252,7 +260,8 @@ def _learner(rank: int, world: int, port: int, config: Config, agent_cls: type[A
     """One learner process: join the group, run the training loop, report the result (learner 0) or the error.
     SIGTERM touches ``stop_file`` (the run directory's ``stop`` file): the learners stop at the next step learner 0
     reads it, after a last checkpoint; a second SIGTERM, or :data:`END_SIGNAL` from the parent, ends it at once
-    (``SystemExit``: the loop's finally blocks close the env, its worker processes and the files)."""
+    (``SystemExit``: the loop's finally blocks close the env, its worker processes and the files). A SIGTERM that
+    came while the process started (blocked by the parent, see :func:`train_ddp`) asks for the stop here."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent turns Ctrl-C into a stop file
     stop_on_sigterm(stop_file)
     _die_with_parent()
@@ -394,9 +403,10 @@ def train_ddp(config: Config, agent_cls: type[Agent], resume: bool = False,
                  for rank in range(config.learners)]
     setup_failed = False
     try:
-        # the learners inherit the ignored SIGINT and SIGTERM from their first instruction; a SIGTERM asks for a
-        # stop from the moment a learner installs its handler (stop_on_sigterm), the parent's own asks at once
-        with signals_ignored(signal.SIGINT, signal.SIGTERM):
+        # the learners inherit the ignored SIGINT and SIGTERM from their first instruction, SIGTERM blocked too: one
+        # sent to a learner while it starts waits until it installs its handler (stop_on_sigterm), then asks for a
+        # stop; the parent's own asks at once
+        with signals_ignored(signal.SIGINT, signal.SIGTERM), signals_blocked(signal.SIGTERM):
             for p in processes:
                 p.start()
         return _watch(processes, messages, run_dir, progress)

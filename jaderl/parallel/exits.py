@@ -30,7 +30,9 @@ def stop_on_sigterm(stop_file: Path) -> None:
     parent does. The first touches ``stop_file`` (the run directory's ``stop`` file, which the main learner reads
     between steps, so that every learner stops at the same step after a last checkpoint) and training goes on until
     then; a second SIGTERM, or one whose stop file cannot be written, raises ``SystemExit(SIGTERM_EXIT)`` at once.
-    :data:`END_SIGNAL` raises ``SystemExit(ENDED_EXIT)`` at once: the parent's way to end the child now."""
+    :data:`END_SIGNAL` raises ``SystemExit(ENDED_EXIT)`` at once: the parent's way to end the child now. SIGTERM is
+    then unblocked in this thread: one that arrived while the process started with it blocked
+    (:func:`signals_blocked`) asks for the stop now, as if it had come just after."""
     requested: list[int] = []
 
     def request_stop(signum: int, frame: FrameType | None) -> None:
@@ -44,6 +46,7 @@ def stop_on_sigterm(stop_file: Path) -> None:
 
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(END_SIGNAL, lambda *_: sys.exit(ENDED_EXIT))
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
 
 
 @contextlib.contextmanager
@@ -61,6 +64,21 @@ def signals_ignored(*signums: signal.Signals) -> Iterator[None]:
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+
+
+@contextlib.contextmanager
+def signals_blocked(*signums: signal.Signals) -> Iterator[None]:
+    """Block ``signums`` in this thread in the block: processes started in it (``spawn``) begin with them blocked,
+    so that one sent to such a process before it can answer it is kept pending, not lost, until the process unblocks
+    it (:func:`stop_on_sigterm` does, once its handler is installed). Linux keeps a blocked signal pending even where
+    its disposition is to ignore it (:func:`signals_ignored`, the outer block): so a child cannot die of it while it
+    starts and still sees it afterwards, while this process, which unblocks before it restores its handlers, drops
+    the ones sent to it meanwhile as before."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, signums)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def describe_exit(code: int) -> str:

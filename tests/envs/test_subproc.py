@@ -416,7 +416,8 @@ def test_a_failing_set_up_closes_the_workers_at_once(tmp_path) -> None:
     assert not [p for p in mp.active_children() if p.name.startswith("jaderl-")]
 
 
-def test_sigterm_to_every_process_of_a_run_stops_it_after_a_last_checkpoint(tmp_path: Path) -> None:
+def test_sigterm_to_every_process_of_a_run_stops_it_after_a_last_checkpoint(
+        tmp_path: Path, session_pids: Callable[[int], list[int]], session_ended: Callable[[int], None]) -> None:
     """SIGTERM to the whole process group (`kill -- -PGID`, a job scheduler) of a run whose sub-envs step in worker
     processes: the workers ignore it (here it reaches them a second before their parent, which steps them meanwhile),
     so the run stops as on Ctrl-C, after its step, with a last checkpoint at the step where it stopped, and closes the
@@ -435,20 +436,17 @@ def test_sigterm_to_every_process_of_a_run_stops_it_after_a_last_checkpoint(tmp_
                "--json", "--device", "cpu", "--no-zoo"]
     proc = subprocess.Popen(command, cwd=Path(__file__).resolve().parents[2], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
-
-    def session() -> list[str]:
-        return subprocess.run(["pgrep", "-s", str(proc.pid)], capture_output=True, text=True).stdout.split()
-
     try:
         deadline = time.monotonic() + 60
         while not (run_dir / "metrics.csv").exists() and time.monotonic() < deadline:
             time.sleep(0.1)
         time.sleep(0.5)
-        assert len(session()) >= 3, "the run and its two env workers"
-        for pid in session():  # the workers' SIGTERM first, as when it reaches them before their parent acts on its
-            if int(pid) != proc.pid:
+        assert len(session_pids(proc.pid)) >= 3, "the run and its two env workers"
+        # the workers' SIGTERM first, as when it reaches them before it reaches their parent
+        for pid in session_pids(proc.pid):
+            if pid != proc.pid:
                 with contextlib.suppress(ProcessLookupError):
-                    os.kill(int(pid), signal.SIGTERM)
+                    os.kill(pid, signal.SIGTERM)
         time.sleep(1.0)  # the run steps its workers meanwhile
         os.killpg(proc.pid, signal.SIGTERM)
         out, err = proc.communicate(timeout=60)
@@ -460,7 +458,4 @@ def test_sigterm_to_every_process_of_a_run_stops_it_after_a_last_checkpoint(tmp_
     result = json.loads(out.splitlines()[-1])
     assert result["stop_reason"] == "interrupted"
     assert load_checkpoint(run_dir)["agent"]["counters"]["steps"] == result["steps"] > 0
-    deadline = time.monotonic() + 5.0  # multiprocessing's resource tracker exits once it sees its parent gone
-    while (survivors := session()) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not survivors, f"processes of the run's session still alive: {survivors}"
+    session_ended(proc.pid)

@@ -405,6 +405,52 @@ def test_sigterm_to_a_learner_stops_the_run_after_a_last_checkpoint(tmp_path: Pa
     assert not (run_dir / "stop").exists()
 
 
+def test_sigterm_to_a_learner_while_it_starts_stops_the_run_once_it_can(
+        tmp_path: Path, session_ended: Callable[[int], None]) -> None:
+    """SIGTERM to one learner while it starts (here: while it imports the script that started the run, before any
+    jaderl code runs in it) neither ends it nor is lost: the learner asks for the stop as soon as it answers SIGTERM,
+    so the run stops at the first step learner 0 reads the stop file, after a last checkpoint of every learner."""
+    run_dir, starting, sent = tmp_path / "run", tmp_path / "starting", tmp_path / "sent"
+    starting.mkdir()
+    script = tmp_path / "run_learners.py"
+    script.write_text(textwrap.dedent(f"""
+        import os
+        import time
+        from pathlib import Path
+
+        if __name__ == "__mp_main__":  # every learner imports this script as it starts
+            (Path({str(starting)!r}) / str(os.getpid())).touch()
+            deadline = time.monotonic() + 60
+            while not Path({str(sent)!r}).exists() and time.monotonic() < deadline:
+                time.sleep(0.01)
+
+        if __name__ == "__main__":
+            import jaderl
+
+            result = jaderl.train("ppo", {ENV!r}, total_steps=1024, run_dir={str(run_dir)!r}, **{TINY_PPO!r})
+            print(result.stop_reason, result.steps)
+    """))
+    proc = subprocess.Popen([sys.executable, str(script)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while len(learners := [int(p.name) for p in starting.iterdir()]) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(learners) == 2, "the learners did not start"
+        os.kill(min(learners), signal.SIGTERM)  # to one learner only; both wait for the `sent` file to go on
+        sent.touch()
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 0, err
+    assert out.splitlines()[-1] == "stop_file 256", err  # the first step (2 learners x 4 envs x 32), not 1024
+    assert _assert_learners_identical(run_dir) == 256
+    assert not (run_dir / "stop").exists()
+    session_ended(proc.pid)
+
+
 @pytest.mark.parametrize(("then", "code"), [(signal.SIGTERM, 128 + signal.SIGTERM),
                                             (signal.SIGUSR1, 128 + signal.SIGUSR1)])
 def test_a_learners_first_sigterm_asks_for_a_stop_and_the_next_signal_ends_it(then: signal.Signals, code: int,
@@ -525,7 +571,8 @@ def test_ctrl_c_checkpoints_ends_every_learner_and_resumes(tmp_path: Path, no_le
     assert metrics[-2:] == [result.steps + 256, result.steps + 512]
 
 
-def test_cli_sigterm_to_the_process_group_checkpoints_at_the_stop_step(tmp_path: Path) -> None:
+def test_cli_sigterm_to_the_process_group_checkpoints_at_the_stop_step(
+        tmp_path: Path, session_ended: Callable[[int], None]) -> None:
     """SIGTERM to every process of the run, as `kill -- -PGID` or a job scheduler (Slurm's scancel, a preemption)
     sends it: the parent and the learners each ask for a stop, the learners stop together after a last checkpoint
     at the stop step (the only one: no periodic checkpoint is due), and the command exits as after Ctrl-C, leaving
@@ -537,10 +584,6 @@ def test_cli_sigterm_to_the_process_group_checkpoints_at_the_stop_step(tmp_path:
                "1000000000", "--run-dir", str(run_dir), "--json", *tiny]
     proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
-
-    def session() -> list[str]:
-        return subprocess.run(["pgrep", "-s", str(proc.pid)], capture_output=True, text=True).stdout.split()
-
     try:
         deadline = time.monotonic() + 120
         metrics = run_dir / "metrics.csv"
@@ -558,12 +601,7 @@ def test_cli_sigterm_to_the_process_group_checkpoints_at_the_stop_step(tmp_path:
     assert result["stop_reason"] == "interrupted" and result["steps"] > 0
     assert _assert_learners_identical(run_dir) == result["steps"]
     assert not (run_dir / "stop").exists()
-    deadline = time.monotonic() + 5.0  # multiprocessing's resource tracker exits once it sees its parent gone
-    while survivors := session():
-        if time.monotonic() > deadline:
-            break
-        time.sleep(0.1)
-    assert not survivors, f"processes of the run's session still alive: {survivors}"
+    session_ended(proc.pid)
 
 
 def test_a_resumed_run_continues_bit_identically(tmp_path: Path, no_leftover_processes: None) -> None:

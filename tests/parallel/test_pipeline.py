@@ -16,6 +16,7 @@ import sys
 import textwrap
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -146,7 +147,7 @@ def test_stop_file_ends_every_process_and_resume_continues(tmp_path: Path) -> No
         jaderl.resume(run_dir, workers=3)
 
 
-def test_cli_ctrl_c_checkpoints_and_leaves_no_process(tmp_path: Path) -> None:
+def test_cli_ctrl_c_checkpoints_and_leaves_no_process(tmp_path: Path, session_ended: Callable[[int], None]) -> None:
     """SIGINT to the whole process group, as a terminal's Ctrl-C sends it: workers ignore it, the learner stops."""
     run_dir = tmp_path / "run"
     command = [sys.executable, "-m", "jaderl.cli", "train", "sac", "Pendulum-v1", "--workers", "2",
@@ -167,16 +168,13 @@ def test_cli_ctrl_c_checkpoints_and_leaves_no_process(tmp_path: Path) -> None:
     assert proc.returncode == 130, err  # stopped by Ctrl-C, after its last checkpoint
     assert json.loads(out.splitlines()[-1])["stop_reason"] == "interrupted"
     assert load_checkpoint(run_dir)["agent"]["counters"]["steps"] > 0
-    deadline = time.monotonic() + 5.0  # multiprocessing's resource tracker exits once it sees its parent gone
-    while (survivors := subprocess.run(["pgrep", "-s", str(proc.pid)], capture_output=True, text=True).stdout.split()):
-        if time.monotonic() > deadline:
-            break
-        time.sleep(0.1)
-    assert not survivors, f"processes of the run's session still alive: {survivors}"
+    session_ended(proc.pid)
 
 
 @pytest.mark.parametrize("to", ["group", "children"])
-def test_cli_sigterm_stops_the_run_after_a_last_checkpoint(to: str, tmp_path: Path) -> None:
+def test_cli_sigterm_stops_the_run_after_a_last_checkpoint(to: str, tmp_path: Path,
+                                                           session_pids: Callable[[int], list[int]],
+                                                           session_ended: Callable[[int], None]) -> None:
     """SIGTERM to the whole process group, as `kill -- -PGID` or a job scheduler sends it: the learner stops as on
     Ctrl-C (exit code 130), and the children, which only ask for a stop through the run's stop file, stop with it
     (the fork server they came from ignores SIGTERM). ``children``: SIGTERM to every process but the learner, which
@@ -188,11 +186,6 @@ def test_cli_sigterm_stops_the_run_after_a_last_checkpoint(to: str, tmp_path: Pa
                "--set", "horizon=16", "--set", "warmup_steps=64", "--set", "hidden=[16,16]", "--device", "cpu"]
     proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
-
-    def session() -> list[int]:
-        found = subprocess.run(["pgrep", "-s", str(proc.pid)], capture_output=True, text=True).stdout.split()
-        return [int(pid) for pid in found]
-
     try:
         deadline = time.monotonic() + 60
         while not ((run_dir / "metrics.csv").exists() and _rows(run_dir)) and time.monotonic() < deadline:
@@ -200,7 +193,7 @@ def test_cli_sigterm_stops_the_run_after_a_last_checkpoint(to: str, tmp_path: Pa
         if to == "group":
             os.killpg(proc.pid, signal.SIGTERM)
         else:
-            for pid in session():
+            for pid in session_pids(proc.pid):
                 if pid != proc.pid:
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(pid, signal.SIGTERM)
@@ -214,12 +207,7 @@ def test_cli_sigterm_stops_the_run_after_a_last_checkpoint(to: str, tmp_path: Pa
     assert result["stop_reason"] == ("interrupted" if to == "group" else "stop_file")
     assert load_checkpoint(run_dir)["agent"]["counters"]["steps"] == result["steps"] > 0
     assert not (run_dir / "stop").exists()
-    deadline = time.monotonic() + 5.0  # multiprocessing's resource tracker exits once it sees its parent gone
-    while survivors := session():
-        if time.monotonic() > deadline:
-            break
-        time.sleep(0.1)
-    assert not survivors, f"processes of the run's session still alive: {survivors}"
+    session_ended(proc.pid)
 
 
 def test_ctrl_c_while_the_children_start_stops_the_run_as_usual(tmp_path: Path) -> None:
