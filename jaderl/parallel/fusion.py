@@ -6,6 +6,12 @@ per-parameter statistics such as Adam's ``exp_avg``, ``exp_avg_sq`` and ``step``
 or all of an agent's state at once (:func:`fuse_agents`). :func:`all_reduce_average` does the same across the
 processes of a ``torch.distributed`` group, one all-reduce per dtype and device.
 
+Running normalisers (:class:`~jaderl.core.nets.ObsNorm` and its subclasses: observation, state, reward and value
+normalisers) are not averaged but merged: every copy gets the mean and variance of the union of the copies' samples
+(:func:`merge_norms`: means weighted by the counts, variances with the spread of the means between the copies), and
+the mean of their counts, so that a longer run's statistics weigh more, while copies that share their history
+(members fused again and again) do not count it several times.
+
     >>> fuse_agents([agent_a, agent_b])          # both now hold the mean networks and optimizer states
 """
 
@@ -19,6 +25,7 @@ import torch.distributed as dist
 from torch import nn
 
 from jaderl.core.agent import Agent
+from jaderl.core.nets import ObsNorm
 
 Fusible = nn.Module | torch.optim.Optimizer | Agent
 
@@ -49,17 +56,74 @@ def _parameter_tensors(item: nn.Module | Agent) -> list[torch.Tensor]:
     return state_tensors(item)
 
 
+def _norms(modules: Sequence[nn.Module]) -> list[ObsNorm]:
+    """The enabled running normalisers among ``modules`` and their submodules, each once, in a fixed order (the same
+    for copies of one agent)."""
+    found = {id(m): m for module in modules for m in module.modules() if isinstance(m, ObsNorm) and m.enabled}
+    return list(found.values())
+
+
+def _parameter_norms(item: Fusible) -> list[ObsNorm]:
+    """The normalisers among what :func:`_parameter_tensors` returns: in a module, or in an agent's networks."""
+    if isinstance(item, Agent):
+        return _norms(list(item.networks().values()))
+    return _norms([item]) if isinstance(item, nn.Module) else []
+
+
+def _agent_norms(item: Fusible) -> list[ObsNorm]:
+    """The normalisers among what ``state_dict`` holds: in a module, or in an agent's networks and running
+    statistics (an optimizer holds none)."""
+    if isinstance(item, Agent):
+        stats = [v for v in item.running_stats().values() if isinstance(v, nn.Module)]
+        return _norms([*item.networks().values(), *stats])
+    return _parameter_norms(item)
+
+
+def _norm_buffers(norms: Sequence[ObsNorm]) -> set[int]:
+    """The storage addresses of the count, mean and variance of ``norms`` (merged, so not averaged)."""
+    return {t.data_ptr() for norm in norms for t in (norm.count, norm.mean, norm.var)}
+
+
 @torch.no_grad()
-def _average(groups: Sequence[Sequence[torch.Tensor]]) -> None:
+def merge_norms(norms: Sequence[ObsNorm]) -> None:
+    """Set every normaliser of ``norms`` to the statistics of the union of their samples, in place: the count-weighted
+    mean and the variance of the pooled samples (the copies' variances weighted by their counts plus the spread of
+    their means about the pooled mean), computed in float64. The count is the mean of the counts, not their sum:
+    copies of one agent fused repeatedly share the samples they saw before, and a summed count would grow with every
+    fusion until the statistics stopped adapting."""
+    first = norms[0]
+    counts = torch.stack([n.count.to(first.count.device, torch.float64) for n in norms])
+    means = torch.stack([n.mean.to(first.mean.device, torch.float64) for n in norms])
+    variances = torch.stack([n.var.to(first.var.device, torch.float64) for n in norms])
+    weights = counts.view(-1, *(1,) * first.mean.dim())  # (copies, 1, ...): one count per copy
+    count = counts.sum(0)
+    mean = (weights * means).sum(0) / count
+    var = (weights * (variances + (means - mean).square())).sum(0) / count
+    for norm in norms:
+        norm.count.copy_(count / len(norms))
+        norm.mean.copy_(mean)
+        norm.var.copy_(var)
+
+
+@torch.no_grad()
+def _average(groups: Sequence[Sequence[torch.Tensor]], norms: Sequence[Sequence[ObsNorm]] = ()) -> None:
     """Set the i-th tensor of every group to the mean of the i-th tensors (floating ones; others are left as they
-    are)."""
+    are); the j-th normalisers of ``norms`` (one list per group) are merged instead (:func:`merge_norms`)."""
     first = groups[0]
     for other in groups[1:]:
         if len(other) != len(first) or any(a.shape != b.shape for a, b in zip(first, other, strict=True)):
             raise ValueError("cannot fuse models or optimizers of different architectures or with different states; "
                              "fuse copies of one agent that have all taken a step")
+    if norms and any(len(other) != len(norms[0]) or any(a.mean.shape != b.mean.shape
+                                                        for a, b in zip(norms[0], other, strict=True))
+                     for other in norms[1:]):
+        raise ValueError("cannot fuse models with different running normalisers; fuse copies of one agent with the "
+                         "same normalize_obs and normalize_reward settings")
+    merged = _norm_buffers([n for copies in norms for n in copies])
+    for copies in zip(*norms, strict=True):
+        merge_norms(copies)
     for copies in zip(*groups, strict=True):
-        if not copies[0].is_floating_point():
+        if not copies[0].is_floating_point() or copies[0].data_ptr() in merged:
             continue
         mean = torch.stack([t.to(copies[0].device, torch.float64) for t in copies]).mean(0)
         for t in copies:
@@ -68,8 +132,9 @@ def _average(groups: Sequence[Sequence[torch.Tensor]]) -> None:
 
 def average_parameters(items: Sequence[nn.Module | Agent]) -> None:
     """Set the parameters and floating buffers of every module (or every network of every agent, SAC's entropy
-    coefficient included) in ``items`` to their mean over ``items``, in place."""
-    _average([_parameter_tensors(item) for item in items])
+    coefficient included) in ``items`` to their mean over ``items``, in place; running normalisers among them are
+    merged (:func:`merge_norms`)."""
+    _average([_parameter_tensors(item) for item in items], [_parameter_norms(item) for item in items])
 
 
 def average_optimizer_states(optimizers: Sequence[torch.optim.Optimizer]) -> None:
@@ -80,20 +145,53 @@ def average_optimizer_states(optimizers: Sequence[torch.optim.Optimizer]) -> Non
 
 def fuse_agents(agents: Sequence[Agent]) -> None:
     """Average everything ``state_dict`` holds in tensors (networks, optimizer states, running statistics) over
-    ``agents``, in place; counters such as ``steps`` keep each agent's own value."""
-    _average([state_tensors(agent) for agent in agents])
+    ``agents``, in place, merging the running normalisers (:func:`merge_norms`); counters such as ``steps`` keep each
+    agent's own value."""
+    _average([state_tensors(agent) for agent in agents], [_agent_norms(agent) for agent in agents])
 
 
 @torch.no_grad()
 def all_reduce_average(obj: Fusible, group: dist.ProcessGroup | None = None) -> None:
     """Set the floating state of ``obj`` (a module, optimizer or agent) to its mean over the processes of
-    ``group`` (the default group if None), in place: one all-reduce per dtype and device."""
+    ``group`` (the default group if None), in place: one all-reduce per dtype and device; its running normalisers
+    are merged over the processes as :func:`merge_norms` merges copies (two more all-reduces)."""
+    norms = _agent_norms(obj)
+    merged = _norm_buffers(norms)
     buckets: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
     for t in state_tensors(obj):
-        if t.is_floating_point():
+        if t.is_floating_point() and t.data_ptr() not in merged:
             buckets.setdefault((t.device, t.dtype), []).append(t)
     for tensors in buckets.values():
         all_reduce_mean_(tensors, group)
+    if norms:
+        _all_reduce_merge_norms(norms, group)
+
+
+@torch.no_grad()
+def _all_reduce_merge_norms(norms: Sequence[ObsNorm], group: dist.ProcessGroup | None) -> None:
+    """Set each of ``norms`` to the statistics of the union of its samples over the processes of ``group``: the
+    counts and count-weighted sums are summed first, then the scatter about the pooled mean (float64, on the first
+    normaliser's device)."""
+    device = norms[0].mean.device
+    counts = [n.count.to(device, torch.float64).reshape(1) for n in norms]
+    means = [n.mean.to(device, torch.float64).reshape(-1) for n in norms]
+    sums = torch.cat([part for c, m in zip(counts, means, strict=True) for part in (c, c * m)])
+    dist.all_reduce(sums, group=group)
+    totals, pooled, offset = [], [], 0
+    for mean in means:
+        total = sums[offset:offset + 1]
+        totals.append(total)
+        pooled.append(sums[offset + 1:offset + 1 + mean.numel()] / total)
+        offset += 1 + mean.numel()
+    scatter = torch.cat([c * (n.var.to(device, torch.float64).reshape(-1) + (m - p).square())
+                         for n, c, m, p in zip(norms, counts, means, pooled, strict=True)])
+    dist.all_reduce(scatter, group=group)
+    offset = 0
+    for norm, total, mean in zip(norms, totals, pooled, strict=True):
+        norm.count.copy_((total / dist.get_world_size(group)).view_as(norm.count))
+        norm.mean.copy_(mean.view_as(norm.mean))
+        norm.var.copy_((scatter[offset:offset + mean.numel()] / total).view_as(norm.var))
+        offset += mean.numel()
 
 
 @torch.no_grad()

@@ -1,9 +1,10 @@
 """Several agents as one: fused into a single run (parameters averaged), or an ensemble that combines their actions.
 
 * :func:`fuse_runs` reads finished runs of one algorithm with the same settings (different seeds, or members of a
-  population), averages their parameters, optimizer states and running statistics with
+  population), averages their parameters and optimizer states and merges their running normalisers with
   :func:`jaderl.parallel.fusion.fuse_agents`, evaluates the result and writes it as a new, ordinary run directory
-  (``jaderl eval``, ``jaderl.load`` and ``jaderl train --resume`` accept it). ``jaderl fuse RUN_DIR ... --out DIR``.
+  (``jaderl eval``, ``jaderl.load`` and ``jaderl train --resume`` accept it; it trains on the first run's device).
+  ``jaderl fuse RUN_DIR ... --out DIR``.
 * :class:`Ensemble` keeps the agents apart and combines what they do at inference: continuous actions are averaged;
   discrete actions are decided by majority vote (ties go to the smaller action index). A vote, not a mean of
   probabilities, because every algorithm gives actions but not all give probabilities (DQN's greedy action has none).
@@ -59,7 +60,9 @@ def _a(algo: str) -> str:
 def fuse_runs(run_dirs: Sequence[str | Path], out: str | Path, device: str = "cpu") -> dict[str, Any]:
     """Fuse the last checkpoints of ``run_dirs`` into a new run directory ``out``: the first run's whole state
     (replay buffer, env state, counters, a reward normaliser's running return of each of its sub-envs) with every
-    other tensor of the agent averaged over all runs; evaluated once.
+    other tensor of the agent averaged over all runs (running normalisers merged as the statistics of all runs'
+    samples); evaluated once. ``device`` is where the fusion and its evaluation compute; the new run's config keeps
+    the first run's device, on which ``jaderl train --resume`` continues it.
     Returns ``{"run_dir", "eval_return", "fused"}``."""
     if isinstance(run_dirs, str | Path):  # (a string is a sequence too: of one-letter "run directories")
         raise ConfigError(f'fuse_runs takes a list of run directories, not one path: pass ["{run_dirs}", ...]')
@@ -93,6 +96,8 @@ def fuse_runs(run_dirs: Sequence[str | Path], out: str | Path, device: str = "cp
             for stat, running in returns:
                 stat.running.copy_(running)
             score = trainer.evaluate()
+            trainer.config = trainer.config.replace(device=state["config"]["device"])  # the runs' own device
+            trainer.config.save_yaml(trainer.run_dir / "config.yaml", trainer.history)
             trainer.checkpoint()
     except BaseException:  # no half-written run is left in ``out``, which a second try would refuse
         shutil.rmtree(out, ignore_errors=True)

@@ -97,14 +97,20 @@ def read_rows(pop_dir: Path) -> list[dict[str, str]]:
 
 def write_rows(pop_dir: Path, rows: Sequence[dict[str, Any]]) -> None:
     """Rewrite population.csv with ``rows`` (atomically)."""
-    tmp = pop_dir / (CSV_NAME + ".tmp")
+    write_csv(pop_dir / CSV_NAME, CSV_COLUMNS, rows)
+
+
+def write_csv(path: Path, columns: Sequence[str], rows: Sequence[dict[str, Any]]) -> None:
+    """Rewrite the CSV file ``path`` with a header of ``columns`` and ``rows``, atomically: a temporary file, flushed
+    and synced to disk, renamed into place."""
+    tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "w", newline="") as f:
-        writer = csv.DictWriter(f, CSV_COLUMNS)
+        writer = csv.DictWriter(f, columns)
         writer.writeheader()
         writer.writerows(rows)
         f.flush()
-        os.fsync(f.fileno())  # on disk before population.json commits the generation it records
-    os.replace(tmp, pop_dir / CSV_NAME)
+        os.fsync(f.fileno())  # on disk before it replaces the file (and before population.json records the rows)
+    os.replace(tmp, path)
 
 
 def csv_row(generation: int, member: int, parent: int, steps: int, score: float, hyperparameters: dict[str, float],

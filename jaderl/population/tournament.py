@@ -8,7 +8,9 @@
                    process trains the next one)
         generator: start the next member from the leaderboard:
                    "best"  continue a copy of the best entry with explored hyperparameters,
-                   "fuse"  the top k entries of one algorithm fused (parameters and optimizer states averaged),
+                   "fuse"  the top k entries of one algorithm fused (parameters and optimizer states averaged,
+                           normalisers merged); entries that cannot be fused give a warning and a copy of the best
+                           one instead ("best" in tournament.csv),
                    "fresh" a new agent of one of the algorithms with hyperparameters sampled from the space
     when `rounds` members have finished: POP_DIR/best is a copy of the leaderboard's first entry
 
@@ -20,13 +22,13 @@ only for a member whose process died or whose training failed), so a round costs
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import json
 import math
 import random
 import shutil
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +40,7 @@ from jaderl.population.ensemble import fuse_runs
 from jaderl.population.member import remote_worker
 from jaderl.population.pbt import check_fits
 from jaderl.population.space import Space, check_not_fixed, explore, parse_space, sample, space_entries
-from jaderl.population.store import copy_run, new_population_dir, population_dir, write_json
+from jaderl.population.store import copy_run, new_population_dir, population_dir, write_csv, write_json
 
 STRATEGIES = ("best", "fuse", "fresh")
 LEADERBOARD_JSON = "leaderboard.json"
@@ -213,8 +215,14 @@ class _Tournament:
             values = explore(self.spaces[algo], entries[0]["hyperparameters"], self.rng, 0.25)
         else:
             parents = [e["name"] for e in same]
-            fuse_runs([e["run_dir"] for e in same], target)
-            values = explore(self.spaces[algo], same[0]["hyperparameters"], self.rng, 0.25)
+            try:
+                fuse_runs([e["run_dir"] for e in same], target)
+            except ConfigError as exc:
+                warnings.warn(f"member {name} copies the best entry {entries[0]['name']} instead of fusing "
+                              f"{', '.join(parents)}, which cannot be fused: {exc}", stacklevel=2)
+                strategy, parents = "best", [entries[0]["name"]]
+                copy_run(Path(entries[0]["run_dir"]), target)
+            values = explore(self.spaces[algo], entries[0]["hyperparameters"], self.rng, 0.25)
         actor = self.idle.pop() if self.idle else self.worker_cls.remote()
         setup = [actor.start.remote(self.member_settings(algo, name, round_), values)]
         if strategy != "fresh":  # a continued member draws from its own random streams (two copies of one entry
@@ -283,13 +291,4 @@ class _Tournament:
                           "parents": " ".join(info["parents"]), "steps": result["steps"],
                           "score": f"{result['score']:.6g}", "rank": "" if rank is None else rank,
                           "hyperparameters": json.dumps(values)})
-        _write_csv(self.pop_dir / CSV_NAME, self.rows)
-
-
-def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", newline="") as f:
-        writer = csv.DictWriter(f, CSV_COLUMNS)
-        writer.writeheader()
-        writer.writerows(rows)
-    tmp.replace(path)
+        write_csv(self.pop_dir / CSV_NAME, CSV_COLUMNS, self.rows)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -203,9 +204,20 @@ def test_multi_agent_members_copy_fuse_and_ensemble(tmp_path: Path) -> None:
     assert ensemble.evaluate(episodes=2)["mean"] < 0
 
 
+def _merged(stats: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """The mean and variance of the union of the samples of normalisers saved as ``stats``, and their mean count."""
+    counts = [s["count"].double() for s in stats]
+    count = sum(counts)
+    mean = sum(n * s["mean"].double() for n, s in zip(counts, stats, strict=True)) / count
+    var = sum(n * (s["var"].double() + (s["mean"].double() - mean).square())
+              for n, s in zip(counts, stats, strict=True)) / count
+    return {"count": (count / len(stats)).float(), "mean": mean.float(), "var": var.float()}
+
+
 def test_fusion_keeps_the_first_runs_own_running_returns(tmp_path: Path) -> None:
-    """With normalize_reward, the reward normaliser's statistics are averaged, but its running discounted returns are
-    those of the first run's sub-envs' episodes, which the fused run continues: they stay the first run's."""
+    """With normalize_reward, the reward normaliser's statistics are merged as those of both runs' returns together,
+    but its running discounted returns are those of the first run's sub-envs' episodes, which the fused run continues:
+    they stay the first run's."""
     settings = dict(num_envs=4, horizon=32, minibatch_size=64, num_epochs=1, hidden=[16, 16], eval_every=128,
                     eval_episodes=2, total_steps=128, device="cpu", normalize_reward=True)
     runs = [api.train("ppo", ENV, seed=seed, run_dir=str(tmp_path / f"s{seed}"), **settings).run_dir for seed in (1, 2)]
@@ -214,7 +226,51 @@ def test_fusion_keeps_the_first_runs_own_running_returns(tmp_path: Path) -> None
                    for d in (*runs, tmp_path / "fused"))
     assert not torch.equal(a["running"], b["running"])
     torch.testing.assert_close(fused["running"], a["running"])
-    torch.testing.assert_close(fused["var"], (a["var"] + b["var"]) / 2)
+    expected = _merged([a, b])
+    for key in ("count", "mean", "var"):
+        torch.testing.assert_close(fused[key], expected[key])
+
+
+def test_fusion_merges_normalisers_of_runs_of_unequal_lengths(tmp_path: Path) -> None:
+    """Runs that trained 128 and 384 env steps: the fused observation and reward normalisers hold the mean and
+    variance of the 512 steps' samples together (the longer run weighs three times as much), not the plain mean of
+    the two, and the mean count (256)."""
+    settings = dict(num_envs=4, horizon=32, minibatch_size=64, num_epochs=1, hidden=[16, 16], eval_episodes=2,
+                    device="cpu", normalize_obs=True, normalize_reward=True)
+    runs = [api.train("ppo", ENV, seed=seed, run_dir=str(tmp_path / f"s{seed}"), total_steps=steps,
+                      eval_every=steps, **settings).run_dir for seed, steps in ((1, 128), (2, 384))]
+    fuse_runs(runs, tmp_path / "fused")
+    saved = [load_checkpoint(d, part="agent")["running_stats"] for d in (*runs, tmp_path / "fused")]
+    for name in ("obs_norm", "reward_norm"):
+        a, b, fused = (s[name] for s in saved)
+        assert a["count"].item() == pytest.approx(128, abs=1e-3) and b["count"].item() == pytest.approx(384, abs=1e-3)
+        expected = _merged([a, b])
+        for key in ("count", "mean", "var"):
+            torch.testing.assert_close(fused[key], expected[key])
+        assert not torch.allclose(fused["mean"], (a["mean"] + b["mean"]) / 2)
+
+
+def test_fused_run_keeps_the_device_of_its_runs(two_runs: list[Path], tmp_path: Path) -> None:
+    """Runs trained on a GPU (their checkpoints' and config.yaml's device is cuda; their tensors, read here on the
+    CPU, are the same) fuse on the CPU into a run whose config says cuda, so a resume continues it on the GPU."""
+    copies = []
+    for run in two_runs:
+        copy = tmp_path / run.name
+        shutil.copytree(run, copy)
+        meta = json.loads((copy / "checkpoint.json").read_text())
+        assert meta["state"]["config"]["device"] == "cpu"
+        meta["state"]["config"]["device"] = "cuda"
+        (copy / "checkpoint.json").write_text(json.dumps(meta))
+        (copy / "config.yaml").write_text((copy / "config.yaml").read_text().replace("device: cpu", "device: cuda"))
+        copies.append(copy)
+    fuse_runs(copies, tmp_path / "fused")
+    meta = json.loads((tmp_path / "fused" / "checkpoint.json").read_text())
+    assert meta["state"]["config"]["device"] == "cuda"
+    assert "device: cuda" in (tmp_path / "fused" / "config.yaml").read_text().splitlines()
+    if not torch.cuda.is_available():  # the resume asks for the GPU the runs trained on
+        with pytest.raises(ConfigError, match=r"^device='cuda' was asked for but CUDA is not available"):
+            api.resume(tmp_path / "fused", total_steps=384)
+    assert api.resume(tmp_path / "fused", total_steps=384, device="cpu").steps >= 384
 
 
 def test_fuse_runs_refuses_one_path_for_a_list(two_runs: list[Path], tmp_path: Path) -> None:

@@ -907,6 +907,88 @@ def test_a_tournament_that_fails_kills_the_member_that_failed(tmp_path: Path) ->
         runner.run(pool=1, rounds=2, size=2, progress=None)
     assert len(fake.actors) == 2 and set(map(id, fake.killed)) == set(map(id, fake.actors))  # the board, the member
 
+class _Continuing:
+    """A stand-in member whose period always ends with score 0.5 after 128 env steps."""
+
+    def start(self, settings: dict[str, Any], values: dict[str, float]) -> int:
+        return 1
+
+    def reseed(self, seed: int) -> None:
+        return None
+
+    def set_hyperparameters(self, values: dict[str, float]) -> None:
+        return None
+
+    def train_for(self, steps: int) -> dict[str, Any]:
+        return {"score": 0.5, "steps": 128}
+
+    def describe(self) -> dict[str, Any]:
+        return {"hyperparameters": {}, "pid": 1}
+
+    def close(self) -> None:
+        return None
+
+
+def test_a_tournament_fusion_that_fails_copies_the_best_entry(tmp_path: Path) -> None:
+    """Leaderboard entries that cannot be averaged (networks of other shapes) do not stop the tournament: the member
+    is a copy of the best entry, with a one-sentence warning saying why, and tournament.csv records it as such."""
+    from jaderl.algos.ppo import PPO
+    from jaderl.core.loop import Trainer
+    from jaderl.population.space import parse_space, sample
+    from jaderl.population.tournament import _Tournament
+
+    pop_dir, space = tmp_path / "t", parse_space(api.ALGOS["ppo"].agent_cls, [])
+    entries = []
+    for name, hidden, score in (("a", [16, 16], 2.0), ("b", [32, 32], 1.0)):
+        run_dir = pop_dir / "leaderboard" / name
+        config = api.make_config("ppo", ENV, seed=1, run_dir=str(run_dir), hidden=hidden, eval_episodes=2,
+                                 device="cpu")
+        with Trainer(config, PPO) as trainer:
+            trainer.checkpoint()
+        entries.append({"name": name, "algo": "ppo", "score": score, "steps": 0, "origin": "fresh", "parents": [],
+                        "hyperparameters": sample(space, random.Random(0)), "run_dir": str(run_dir)})
+    (pop_dir / "leaderboard.json").write_text(json.dumps({"size": 2, "entries": entries}))
+    runner = _Tournament(_FakeRay(_Continuing), {}, pop_dir, ["ppo"], ENV, {"ppo": space}, {}, 128, 2,
+                         (0.0, 1.0, 0.0), random.Random(0), 0)
+    with pytest.warns(UserWarning) as warned:
+        result = runner.run(pool=1, rounds=1, size=2, progress=None)
+    [warning] = [str(w.message) for w in warned if "cannot be fused" in str(w.message)]
+    assert re.fullmatch(r"member t0000 copies the best entry a instead of fusing a, b, which cannot be fused: \S+ has "
+                        r"hidden=\[32, 32\] but \S+ has hidden=\[16, 16\]; [^.]*", warning), warning
+    with open(pop_dir / "tournament.csv", newline="") as f:
+        [row] = list(csv.DictReader(f))
+    assert (row["member"], row["origin"], row["parents"], row["score"]) == ("t0000", "best", "a", "0.5")
+    assert api.load(pop_dir / "members" / "t0000", best=False).config.hidden == [16, 16]
+    assert result.best_score == 2.0 and [e["name"] for e in result.leaderboard] == ["a", "b"]
+
+
+def test_tournament_csv_is_flushed_and_synced_for_every_row(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each row of tournament.csv is on disk (written, flushed, synced) before the file replaces the last one, as
+    population.csv's rows are."""
+    from jaderl.population.space import parse_space
+    from jaderl.population.tournament import _Tournament
+
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        path = Path(os.readlink(f"/proc/self/fd/{fd}"))
+        if path.name.startswith("tournament.csv"):
+            synced.append(path.read_text())  # what the file holds on disk when it is synced
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    (tmp_path / "t").mkdir()
+    runner = _Tournament(_FakeRay(_Continuing), {}, tmp_path / "t", ["ppo"], ENV,
+                         {"ppo": parse_space(api.ALGOS["ppo"].agent_cls, [])}, {}, 64, 2, (0.0, 0.0, 1.0),
+                         random.Random(0), 0)
+    for round_ in range(2):
+        info = {"round": round_, "member": f"t{round_:04d}", "algo": "ppo", "origin": "fresh", "parents": []}
+        runner.update(None, info, {"score": -math.inf, "steps": 0}, {"hyperparameters": {}})
+        assert len(synced) == round_ + 1 and f"t{round_:04d}" in synced[-1]
+        assert (tmp_path / "t" / "tournament.csv").read_text() == synced[-1]
+
+
 def test_tournament_of_two_algorithms(local_ray: None, tmp_path: Path) -> None:
     """Asynchronous tournament: PPO and A2C members, a leaderboard of 2 persisted to disk, later members continued
     from the best entry or fused from the top entries of one algorithm."""
