@@ -374,7 +374,8 @@ class GymnasiumVecEnv(GymnasiumSpaces):
     """Adapts a Gymnasium env id, env instance, or vector env (sync or async) to the jaderl contract.
 
     An id makes ``num_envs`` sub-envs; an env instance is one sub-env (``num_envs`` 1: an instance cannot be copied
-    into independent sub-envs), and a vector env keeps its own number of sub-envs.
+    into independent sub-envs), and a vector env keeps its own number of sub-envs (``num_envs`` left at 1, or that
+    number).
 
     Box actions are rescaled from ``[-1, 1]`` to the env's bounds; observations and rewards become float32 tensors
     on ``device`` (uint8 image observations stay uint8). Vector envs must auto-reset in the same step
@@ -390,6 +391,11 @@ class GymnasiumVecEnv(GymnasiumSpaces):
         env_kwargs: dict[str, Any] | None = None,
     ) -> None:
         self.device = torch.device(device)
+        if num_envs < 1:
+            raise EnvError(f"num_envs ({num_envs}) must be at least 1")
+        if isinstance(env, gym.vector.VectorEnv) and num_envs not in (1, env.num_envs):
+            raise EnvError(f"the vector env has {env.num_envs} sub-envs but num_envs={num_envs} was asked for; leave "
+                           f"num_envs out, or build the vector env with {num_envs}")
         if isinstance(env, str):
             self._label = env
             self._where = "in this process" if not asynchronous or num_envs == 1 else "by AsyncVectorEnv"

@@ -221,3 +221,18 @@ def test_an_env_instance_is_one_sub_env_and_is_not_copied_into_several() -> None
     finally:
         fixed.close()
         single.close()
+
+
+def test_num_envs_that_no_sub_env_count_can_be_is_one_sentence() -> None:
+    """A num_envs below 1, or one a vector env does not have (it keeps its own count), is refused naming the fix."""
+    with pytest.raises(EnvError, match=r"^num_envs \(0\) must be at least 1$"):
+        GymnasiumVecEnv("CartPole-v1", num_envs=0)
+    vector = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")] * 4,
+                                      autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    try:
+        with pytest.raises(EnvError, match=r"^the vector env has 4 sub-envs but num_envs=2 was asked for; leave "
+                                           r"num_envs out, or build the vector env with 2$"):
+            GymnasiumVecEnv(vector, num_envs=2)
+        assert GymnasiumVecEnv(vector, num_envs=4).num_envs == 4
+    finally:
+        vector.close()
