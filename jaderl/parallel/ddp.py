@@ -35,6 +35,7 @@ import ctypes
 import dataclasses
 import json
 import math
+import multiprocessing.resource_tracker
 import os
 import queue as queue_module
 import shutil
@@ -405,7 +406,8 @@ def train_ddp(config: Config, agent_cls: type[Agent], resume: bool = False,
     try:
         # the learners inherit the ignored SIGINT and SIGTERM from their first instruction, SIGTERM blocked too: one
         # sent to a learner while it starts waits until it installs its handler (stop_on_sigterm), then asks for a
-        # stop; the parent's own asks at once
+        # stop; the parent's own asks at once. The resource tracker runs first, as starting it would unblock SIGTERM.
+        multiprocessing.resource_tracker.ensure_running()
         with signals_ignored(signal.SIGINT, signal.SIGTERM), signals_blocked(signal.SIGTERM):
             for p in processes:
                 p.start()

@@ -68,12 +68,14 @@ def signals_ignored(*signums: signal.Signals) -> Iterator[None]:
 
 @contextlib.contextmanager
 def signals_blocked(*signums: signal.Signals) -> Iterator[None]:
-    """Block ``signums`` in this thread in the block: processes started in it (``spawn``) begin with them blocked,
-    so that one sent to such a process before it can answer it is kept pending, not lost, until the process unblocks
-    it (:func:`stop_on_sigterm` does, once its handler is installed). Linux keeps a blocked signal pending even where
-    its disposition is to ignore it (:func:`signals_ignored`, the outer block): so a child cannot die of it while it
-    starts and still sees it afterwards, while this process, which unblocks before it restores its handlers, drops
-    the ones sent to it meanwhile as before."""
+    """Block ``signums`` in this thread in the block: processes started in it (``spawn``, and the ``forkserver``
+    server, whose children start with its mask) begin with them blocked, so that one sent to such a process before it
+    can answer it is kept pending, not lost, until the process unblocks it (:func:`stop_on_sigterm` does, once its
+    handler is installed). Linux keeps a blocked signal pending even where its disposition is to ignore it
+    (:func:`signals_ignored`, the outer block): so a child cannot die of it while it starts and still sees it
+    afterwards, while this process, which unblocks before it restores its handlers, drops the ones sent to it
+    meanwhile as before. Starting multiprocessing's resource tracker unblocks SIGINT and SIGTERM: it should be
+    running before the block."""
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, signums)
     try:
         yield

@@ -34,6 +34,7 @@ import contextlib
 import dataclasses
 import math
 import multiprocessing.forkserver
+import multiprocessing.resource_tracker
 import os
 import queue
 import signal
@@ -52,7 +53,7 @@ from jaderl.core.agent import Agent
 from jaderl.core.config import Config, ConfigError
 from jaderl.core.loop import PeerError, Trainer, TrainingError, TrainResult
 from jaderl.envs import EnvSpec, make_env
-from jaderl.parallel.exits import END_SIGNAL, describe_exit, signals_ignored, stop_on_sigterm
+from jaderl.parallel.exits import END_SIGNAL, describe_exit, signals_blocked, signals_ignored, stop_on_sigterm
 
 POLL_S = 0.5
 """How often a waiting process checks on the others (seconds)."""
@@ -252,9 +253,13 @@ class _Pipeline:
         self.shared.steps.value = self.agent.steps  # the explorers start from it
         self.started = True
         # A fork server started now ignores SIGINT, and so does every child from its start (the learner decides);
-        # it ignores SIGTERM too, so that one sent to the whole process group stops each child (it reports
-        # SIGTERM_EXIT) and not the server, whose end would leave every child's exit code unknown (255).
-        with signals_ignored(signal.SIGINT, signal.SIGTERM):
+        # it ignores SIGTERM too, so that one sent to the whole process group asks each child for a stop
+        # (stop_on_sigterm) and does not end the server, whose end would leave every child's exit code unknown (255).
+        # It keeps SIGTERM blocked as well, and its children start so: one sent to a child while it starts waits until
+        # the child installs its handler, then asks for a stop. The resource tracker runs first, as starting it would
+        # unblock SIGTERM here.
+        multiprocessing.resource_tracker.ensure_running()
+        with signals_ignored(signal.SIGINT, signal.SIGTERM), signals_blocked(signal.SIGTERM):
             multiprocessing.forkserver.ensure_running()
         for process in self.processes.values():
             process.start()

@@ -248,6 +248,56 @@ def test_ctrl_c_while_the_children_start_stops_the_run_as_usual(tmp_path: Path) 
     assert (tmp_path / "run" / "checkpoint.json").exists()
 
 
+def test_sigterm_to_a_child_while_it_starts_stops_the_run_once_it_can(
+        tmp_path: Path, session_ended: Callable[[int], None]) -> None:
+    """SIGTERM to one child (explorer worker 1; the evaluator starts the same way) while it starts (here: while it
+    imports the script that started the run, before any jaderl code runs in it) neither ends it nor is lost: the
+    child asks for the stop as soon as it answers SIGTERM, so the run stops at the first step the learner reads the
+    stop file, after a last checkpoint, leaving no stop file and no process behind."""
+    run_dir, starting, sent = tmp_path / "run", tmp_path / "starting", tmp_path / "sent"
+    starting.mkdir()
+    script = tmp_path / "run_pipeline.py"
+    script.write_text(textwrap.dedent(f"""
+        import multiprocessing
+        import os
+        import time
+        from pathlib import Path
+
+        if __name__ == "__mp_main__":  # every child imports this script as it starts, named already
+            (Path({str(starting)!r}) / f"{{multiprocessing.current_process().name}}-{{os.getpid()}}").touch()
+            deadline = time.monotonic() + 60
+            while not Path({str(sent)!r}).exists() and time.monotonic() < deadline:
+                time.sleep(0.01)
+
+        if __name__ == "__main__":
+            import jaderl
+
+            result = jaderl.train("sac", "Pendulum-v1", total_steps=1024, run_dir={str(run_dir)!r}, **{SMALL_SAC!r})
+            print(result.stop_reason, result.steps)
+    """))
+    proc = subprocess.Popen([sys.executable, str(script)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while len(children := dict(p.name.rsplit("-", 1) for p in starting.iterdir())) < 3 and \
+                time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert sorted(children) == ["jaderl-evaluator", "jaderl-explorer0", "jaderl-explorer1"], "not started"
+        os.kill(int(children["jaderl-explorer1"]), signal.SIGTERM)  # to one child only; all wait for `sent` to go on
+        sent.touch()
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 0, err
+    stop_reason, steps = out.splitlines()[-1].split()
+    assert stop_reason == "stop_file", f"the SIGTERM was lost\n{err}"
+    assert load_checkpoint(run_dir)["agent"]["counters"]["steps"] == int(steps) < 1024
+    assert not (run_dir / "stop").exists()
+    session_ended(proc.pid)
+
+
 def test_cli_workers_flag_and_bad_env(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code = cli_main(["train", "ppo", "jaderl/CartPole-v1", "--workers", "2", "--total-steps", "256", "--json",
                      "--run-dir", str(tmp_path / "run"), "--device", "cpu", "--set", "horizon=16",
