@@ -145,7 +145,8 @@ class ReturnNorm(ObsNorm):
             returns[t] = running
             running = running.masked_fill(done[t], 0.0)
         self.running.copy_(running)
-        self.update(returns)
+        present = data.get("active")  # several agents that may leave (agents_leave): the returns of those present
+        self.update(returns if present is None else returns[present])
         data["reward"] = (reward / (self.var + 1e-8).sqrt()).clamp(-self.clip, self.clip)
 
 

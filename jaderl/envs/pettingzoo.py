@@ -26,7 +26,8 @@ What the adapter decides, since PettingZoo leaves it open:
   get their reward and last observation; after it they observe zeros (the one-hot too) and get reward 0 until their
   sub-env resets, also where the env goes on reporting them (PettingZoo allows it), and their actions are dropped.
   :meth:`PettingZooVecEnv.active_agents` ``(N, A)`` tells which agents are in each episode (``env.agents``), and
-  ``info["final_active"]`` which are still in after a step (before any reset; none when the episode ended), so the
+  ``info["final_active"]`` which are still in after a step (before any reset; at an episode's end, those of its
+  last step, whose bootstrap ``terminated`` decides), so the
   multi-agent algorithms learn only from the agents present (``agents_leave`` of the env's spec): a leaving agent's
   last step ends its own returns, and the steps of agents that have left take no part in any loss.
 * **Episodes**: a sub-env is done when all its agents have left (``env.agents`` is empty). It is ``truncated`` when
@@ -442,9 +443,12 @@ class PettingZooVecEnv(VecEnv):
             rows, final_rows = self._rows(views["obs"]), self._rows(views["final_obs"])
             terminated = torch.tensor(views["terminated"], device=self.device)
             truncated = torch.tensor(views["truncated"], device=self.device)
+        before = self._active
         obs, self._state, _, self._active = self._unpack(rows)
         # a reset's row has no reward: read the final one
         final_obs, final_state, reward, final_active = self._unpack(final_rows)
+        # at an episode's end, the agents of its last step: terminated, not their leaving, decides their bootstrap
+        final_active = final_active | (before & (terminated | truncated).unsqueeze(-1))
         return obs, reward, terminated, truncated, {"final_obs": final_obs, "final_state": final_state,
                                                     "final_active": final_active}
 

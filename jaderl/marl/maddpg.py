@@ -163,8 +163,9 @@ class MADDPG(MultiAgent, TD3):
         state = self.state_norm(self.replayed["state"]).unsqueeze(1).expand(b, a, -1)
         q = self.critic(state.flatten(0, 1), joint.flatten(2).flatten(0, 1), members=0, frozen=True)  # (1, B A, A)
         q = q.view(b, a, a).diagonal(dim1=1, dim2=2)  # (B, A)
-        penalty = self.config.actor_reg * out.square().mean() if self.is_discrete else 0.0
-        return -present_mean(q, self.replayed.get("active")) + penalty
+        active = self.replayed.get("active")
+        penalty = self.config.actor_reg * present_mean(out.square().mean(-1), active) if self.is_discrete else 0.0
+        return -present_mean(q, active) + penalty
 
     def update_once(self, batch: Batch) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         """TD3's step (critics, then the delayed actor and targets) on a batch (B, ...); returns the statistics and

@@ -221,9 +221,10 @@ class MAPPO(MultiAgent, OnPolicyAgent):
         own = None if cfg.centralised_critic else active  # the team's advantage and value are every step's
         if cfg.normalize_advantages and own is None:
             adv = (adv - adv.mean()) / (adv.std() + 1e-8)
-        elif cfg.normalize_advantages:  # over the agents present only
+        elif cfg.normalize_advantages:  # over the agents present only (the unbiased variance, as adv.std())
             adv = adv - present_mean(adv, own)
-            adv = adv / (present_mean(adv.square(), own).sqrt() + 1e-8)
+            squares = torch.where(own, adv.square(), torch.zeros((), dtype=adv.dtype, device=adv.device)).sum()
+            adv = adv / ((squares / (own.sum() - 1).clamp(min=1)).sqrt() + 1e-8)
         adv = adv.expand_as(ratio)  # the team's advantage for every agent (MAPPO), or each agent's own (IPPO)
         policy_loss = -present_mean(torch.min(ratio * adv, ratio.clamp(1 - cfg.clip_ratio, 1 + cfg.clip_ratio) * adv),
                                     active)
