@@ -1,5 +1,6 @@
-"""Review of the learning from the agents present (PettingZoo envs whose agents may leave): tests that fail on
-commits 4d69c16 / 4fcf071."""
+"""Learning from the agents present where agents may leave (PettingZoo), against the same learning without the flags:
+time limits still bootstrap, and every statistic and penalty takes the agents present as it takes all of them
+where no agent leaves."""
 
 from __future__ import annotations
 
@@ -22,12 +23,12 @@ LEAVE, LENGTH = 2, 4  # agent_1 leaves after 2 steps (only where it leaves); eve
 FLAGS = ("active", "next_active")
 
 
-class ReviewEnv(ParallelEnv):
+class PresenceEnv(ParallelEnv):
     """Agents ``agent_0 .. agent_2`` observing ``[t, index, last action]``, each rewarded ``index + 1 + action`` a
     step. With ``leave``, ``agent_1`` leaves (terminated) after ``LEAVE`` steps; every agent still in is truncated
     after ``LENGTH`` steps (a time limit, as MPE2's ``max_cycles``)."""
 
-    metadata: ClassVar[dict[str, Any]] = {"name": "review_v0"}
+    metadata: ClassVar[dict[str, Any]] = {"name": "presence_v0"}
 
     def __init__(self, leave: bool = True, continuous: bool = False) -> None:
         self.possible_agents = [f"agent_{i}" for i in range(3)]
@@ -59,14 +60,14 @@ class ReviewEnv(ParallelEnv):
 
 
 @pytest.fixture(autouse=True)
-def review_envs(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``review/leaving`` (agent_1 leaves early) and ``review/staying`` (no agent leaves before the time limit), each
-    also ``_continuous``."""
+def presence_envs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``presence/leaving`` (agent_1 leaves early) and ``presence/staying`` (no agent leaves before the time limit),
+    each also ``_continuous``."""
     for leave in (True, False):
         for continuous in (False, True):
-            name = f"review/{'leaving' if leave else 'staying'}{'_continuous' if continuous else ''}"
+            name = f"presence/{'leaving' if leave else 'staying'}{'_continuous' if continuous else ''}"
             monkeypatch.setitem(REGISTERED_ENVS, name, lambda n, device, seed, lv=leave, c=continuous:
-                                make_pettingzoo_env(ReviewEnv, n, device, seed=seed, leave=lv, continuous=c))
+                                make_pettingzoo_env(PresenceEnv, n, device, seed=seed, leave=lv, continuous=c))
 
 
 def make_agent(algo: str, env: str, **settings: Any) -> Any:
@@ -114,7 +115,7 @@ def test_a_pettingzoo_env_whose_agents_never_leave_learns_as_without_the_flags(a
     drops the bootstrap of every agent there, which only ``terminated`` may do (module docstrings: "only
     ``terminated`` stops the bootstrap"). Every PettingZoo episode that ends at ``max_cycles`` is hit."""
     continuous = algo in ("maddpg", "matd3")
-    env_id = "review/staying" + ("_continuous" if continuous else "")
+    env_id = "presence/staying" + ("_continuous" if continuous else "")
     agent = make_agent(algo, env_id, n_step=n_step)
     traj = explore(agent, env_id, 2 * LENGTH)
     assert traj["active"].all() and traj["truncated"].any() and not traj["terminated"].any()
@@ -131,8 +132,8 @@ def test_a_pettingzoo_env_whose_agents_never_leave_learns_as_without_the_flags(a
 def test_the_agents_present_at_a_time_limit_bootstrap(algo: str) -> None:
     """Where agent_1 has left earlier, the agents still in at the time limit (agent_0, agent_2) must still bootstrap
     there: their targets are r + gamma * Q_target(next), not r."""
-    agent = make_agent(algo, "review/leaving")
-    traj = explore(agent, "review/leaving", LENGTH)
+    agent = make_agent(algo, "presence/leaving")
+    traj = explore(agent, "presence/leaving", LENGTH)
     last = {k: v[LENGTH - 1] for k, v in traj.items()}  # the truncated step of both sub-envs, (N, ...)
     assert last["truncated"].all() and not last["terminated"].any()
     assert last["active"].tolist() == [[True, False, True]] * 2
@@ -158,8 +159,8 @@ def test_maddpg_logit_penalty_leaves_out_the_agents_absent() -> None:
     """The docs: the values and actor objective of agents that have left are left out of the losses. With discrete
     actions the actor's loss adds ``actor_reg * mean(logits^2)`` over every agent, so the logits of an agent that has
     left (read from the zeros it observes) still enter the actor's loss and gradient."""
-    agent = make_agent("maddpg", "review/leaving", actor_reg=1.0)
-    traj = explore(agent, "review/leaving", 2 * LENGTH)
+    agent = make_agent("maddpg", "presence/leaving", actor_reg=1.0)
+    traj = explore(agent, "presence/leaving", 2 * LENGTH)
     batch = {k: v.flatten(0, 1) for k, v in traj.items()}
     assert not batch["active"].all()
     gone = ~batch["active"]
@@ -180,8 +181,8 @@ def test_ippo_standardises_advantages_as_without_the_flags_when_every_agent_is_p
     """With every agent present, ``active`` all true must not change IPPO's loss; but the masked standardisation
     divides by the population standard deviation (a mean of squares over n) where the unmasked one divides by
     ``adv.std()`` (n - 1): the advantages of a PettingZoo env are scaled by sqrt((n - 1) / n) more than elsewhere."""
-    agent = make_agent("ippo", "review/staying")
-    traj = explore(agent, "review/staying", 2 * LENGTH)
+    agent = make_agent("ippo", "presence/staying")
+    traj = explore(agent, "presence/staying", 2 * LENGTH)
     batch = {k: v.flatten(0, 1)[:4] for k, v in traj.items()}
     g = torch.Generator().manual_seed(0)
     batch["log_prob"] = torch.randn(batch["reward"].shape, generator=g)
@@ -201,8 +202,8 @@ def test_the_reward_normaliser_takes_the_returns_of_the_agents_present_only(algo
     gets) enter the return statistics as the present agents' do, so the more agents leave, the smaller the variance
     and the larger every reward is scaled; the observation and value normalisers already take the agents present only
     (``present_obs``, ``target[active]``)."""
-    agent = make_agent(algo, "review/leaving", normalize_reward=True)
-    data = explore(agent, "review/leaving", 2 * LENGTH)
+    agent = make_agent(algo, "presence/leaving", normalize_reward=True)
+    data = explore(agent, "presence/leaving", 2 * LENGTH)
     assert not data["active"].all()
     agent.begin_update(data)
     assert int(agent.reward_norm.count) == int(data["active"].sum())
