@@ -25,15 +25,15 @@ LEAVE, LENGTH = 2, 4  # agent_1 leaves after 2 steps; the episode is truncated a
 
 
 class LeavingEnv(ParallelEnv):
-    """Agents ``agent_0 .. agent_2`` observing ``[t, index, last action]``; ``agent_1`` leaves (terminated) after
-    ``LEAVE`` steps, the other two are truncated together after ``LENGTH``. Each agent present gets reward
-    ``index + 1`` a step."""
+    """Agents ``agent_0 .. agent_2`` observing ``[t, index, last action]``; with ``leave``, ``agent_1`` leaves
+    (terminated) after ``LEAVE`` steps; every agent still in is truncated after ``LENGTH`` (a time limit, as MPE2's
+    ``max_cycles``). Each agent present gets reward ``index + 1 + action`` a step."""
 
     metadata: ClassVar[dict[str, Any]] = {"name": "leaving_v0"}
 
-    def __init__(self, continuous: bool = False) -> None:
+    def __init__(self, leave: bool = True, continuous: bool = False) -> None:
         self.possible_agents = [f"agent_{i}" for i in range(3)]
-        self.continuous = continuous
+        self.leave, self.continuous = leave, continuous
         self.agents: list[str] = []
         self.t = 0
 
@@ -51,10 +51,10 @@ class LeavingEnv(ParallelEnv):
         assert set(actions) == set(self.agents), f"actions for {set(actions)}, but {self.agents} are in"
         self.t += 1
         index = {a: self.possible_agents.index(a) for a in self.agents}
-        obs = {a: np.array([self.t, index[a], float(np.asarray(actions[a]).reshape(-1)[0])], np.float32)
-               for a in self.agents}
-        rewards = {a: index[a] + 1.0 for a in self.agents}
-        terminations = {a: a == "agent_1" and self.t >= LEAVE for a in self.agents}
+        act = {a: float(np.asarray(actions[a]).reshape(-1)[0]) for a in self.agents}
+        obs = {a: np.array([self.t, index[a], act[a]], np.float32) for a in self.agents}
+        rewards = {a: index[a] + 1.0 + act[a] for a in self.agents}
+        terminations = {a: self.leave and a == "agent_1" and self.t >= LEAVE for a in self.agents}
         truncations = {a: self.t >= LENGTH for a in self.agents}
         self.agents = [a for a in self.agents if not (terminations[a] or truncations[a])]
         return obs, rewards, terminations, truncations, {a: {} for a in obs}

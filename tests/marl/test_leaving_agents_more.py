@@ -4,59 +4,19 @@ where no agent leaves."""
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any
 
-import numpy as np
 import pytest
 import torch
 
 pytest.importorskip("pettingzoo")
 
-import gymnasium as gym
-from pettingzoo import ParallelEnv
-
 from jaderl.api import ALGOS, make_config
 from jaderl.envs import REGISTERED_ENVS, make_env
 from jaderl.envs.pettingzoo import make_pettingzoo_env
+from tests.marl.test_leaving_agents import LENGTH, LeavingEnv
 
-LEAVE, LENGTH = 2, 4  # agent_1 leaves after 2 steps (only where it leaves); every episode is truncated after 4
 FLAGS = ("active", "next_active")
-
-
-class PresenceEnv(ParallelEnv):
-    """Agents ``agent_0 .. agent_2`` observing ``[t, index, last action]``, each rewarded ``index + 1 + action`` a
-    step. With ``leave``, ``agent_1`` leaves (terminated) after ``LEAVE`` steps; every agent still in is truncated
-    after ``LENGTH`` steps (a time limit, as MPE2's ``max_cycles``)."""
-
-    metadata: ClassVar[dict[str, Any]] = {"name": "presence_v0"}
-
-    def __init__(self, leave: bool = True, continuous: bool = False) -> None:
-        self.possible_agents = [f"agent_{i}" for i in range(3)]
-        self.leave, self.continuous = leave, continuous
-        self.agents: list[str] = []
-        self.t = 0
-
-    def observation_space(self, agent: str) -> gym.spaces.Box:
-        return gym.spaces.Box(-np.inf, np.inf, (3,), np.float32)
-
-    def action_space(self, agent: str) -> gym.spaces.Space:
-        return gym.spaces.Box(-1.0, 1.0, (1,), np.float32) if self.continuous else gym.spaces.Discrete(3)
-
-    def reset(self, seed: int | None = None, options: dict | None = None) -> tuple[dict, dict]:
-        self.t, self.agents = 0, list(self.possible_agents)
-        return {a: np.array([0, i, 0], np.float32) for i, a in enumerate(self.agents)}, {a: {} for a in self.agents}
-
-    def step(self, actions: dict[str, Any]) -> tuple[dict, dict, dict, dict, dict]:
-        assert set(actions) == set(self.agents), f"actions for {set(actions)}, but {self.agents} are in"
-        self.t += 1
-        index = {a: self.possible_agents.index(a) for a in self.agents}
-        act = {a: float(np.asarray(actions[a]).reshape(-1)[0]) for a in self.agents}
-        obs = {a: np.array([self.t, index[a], act[a]], np.float32) for a in self.agents}
-        rewards = {a: index[a] + 1.0 + act[a] for a in self.agents}
-        terminations = {a: self.leave and a == "agent_1" and self.t >= LEAVE for a in self.agents}
-        truncations = {a: self.t >= LENGTH for a in self.agents}
-        self.agents = [a for a in self.agents if not (terminations[a] or truncations[a])]
-        return obs, rewards, terminations, truncations, {a: {} for a in obs}
 
 
 @pytest.fixture(autouse=True)
@@ -67,7 +27,7 @@ def presence_envs(monkeypatch: pytest.MonkeyPatch) -> None:
         for continuous in (False, True):
             name = f"presence/{'leaving' if leave else 'staying'}{'_continuous' if continuous else ''}"
             monkeypatch.setitem(REGISTERED_ENVS, name, lambda n, device, seed, lv=leave, c=continuous:
-                                make_pettingzoo_env(PresenceEnv, n, device, seed=seed, leave=lv, continuous=c))
+                                make_pettingzoo_env(LeavingEnv, n, device, seed=seed, leave=lv, continuous=c))
 
 
 def make_agent(algo: str, env: str, **settings: Any) -> Any:
