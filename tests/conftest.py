@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import gc
 import multiprocessing as mp
 import os
@@ -38,6 +39,27 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         return float(marker.kwargs.get("seconds", 0)) if marker is not None else 0.0
 
     items.sort(key=lambda item: -expected(item))
+
+
+@pytest.fixture(autouse=True)
+def machine_share(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Tests marked ``alone`` (their assertions time processes against a limit) run with no other test beside them
+    when pytest-xdist runs tests side by side: an ``alone`` test waits for the tests running to end and no test
+    starts until it has ended. Every test holds a shared lock on a file of the session and an ``alone`` test an
+    exclusive one; a second lock, held while waiting, lets no new test overtake an ``alone`` test that waits."""
+    if not hasattr(request.config, "workerinput"):  # one test at a time already
+        yield
+        return
+    locks = tmp_path_factory.getbasetemp().parent  # the session's folder, which every worker's lies in
+    alone = request.node.get_closest_marker("alone") is not None
+    with open(locks / "turnstile.lock", "a") as turnstile, open(locks / "machine.lock", "a") as machine:
+        fcntl.flock(turnstile, fcntl.LOCK_EX)
+        fcntl.flock(machine, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        fcntl.flock(turnstile, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(machine, fcntl.LOCK_UN)
 
 
 @pytest.fixture(autouse=True)

@@ -130,8 +130,11 @@ class Standby(Member):
     """An idle process with jaderl imported, holding no resources, that :meth:`start` turns into a member (a member
     whose process died continues on it; a new standby is started behind it)."""
 
-    def __init__(self) -> None:  # jaderl and torch are imported with this module; the Trainer comes with start()
-        pass
+    def __init__(self) -> None:
+        """jaderl and torch come with this module and the Trainer with :meth:`start`; the first optimizer that a
+        process builds imports the rest of torch that training needs (``torch._dynamo``, about 1.6 s of CPU time),
+        so the standby builds one now, while it waits."""
+        torch.optim.Adam([torch.zeros(1, requires_grad=True)])
 
     def start(self, settings: dict[str, Any], hyperparameters: dict[str, float] | None = None) -> int:
         """Become the member ``Member(settings, hyperparameters)`` (after the previous one's :meth:`close`, whose

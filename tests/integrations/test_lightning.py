@@ -152,6 +152,7 @@ def test_a_finished_run_resumed_from_its_last_checkpoint_trains_no_further(tmp_p
     assert resumed.jaderl_trainer.best_return == model.jaderl_trainer.best_return
 
 
+@pytest.mark.alone  # 400 steps must train within the 2 s that the limit leaves beside the evaluations
 def test_time_limit_counts_the_evaluations_as_jaderl_train_does(tmp_path: Path,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     evaluate = Trainer.evaluate

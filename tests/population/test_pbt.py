@@ -16,6 +16,7 @@ import os
 import random
 import re
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -755,6 +756,16 @@ def test_a_standby_becomes_a_member(tmp_path: Path) -> None:
     standby.close()
 
 
+def test_a_standby_has_imported_what_training_imports_later() -> None:
+    """A new process's first optimizer imports ``torch._dynamo`` (seconds of CPU time); a standby has done so before it
+    becomes a member, so that a dead member trains again sooner."""
+    code = ("import sys; from jaderl.population.member import Standby; before = 'torch._dynamo' in sys.modules; "
+            "Standby(); print(before, 'torch._dynamo' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.stdout.split() == ["False", "True"], done.stderr
+
+
+@pytest.mark.alone  # the 10 s to train again are the population's on this machine, with no other test beside it
 @pytest.mark.parametrize("spare_cpu", [True, False], ids=["on-the-standby", "in-a-new-process"])
 def test_a_member_killed_mid_period_is_restarted_from_its_checkpoint(local_ray: None, tmp_path: Path,
                                                                      spare_cpu: bool) -> None:
