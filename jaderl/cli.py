@@ -156,20 +156,24 @@ def _add_population_parsers(sub: Any) -> None:
     _add_shared_population_flags(pbt)
     pbt.set_defaults(seed=None)  # unset flags: the defaults of a new population, refused with --resume
     tour = sub.add_parser("tournament", help="tournament-based ensemble training on Ray: an asynchronous pool of "
-                          "members and a leaderboard")
-    tour.add_argument("algo", help="algorithm name, or several joined by commas (ppo,a2c)")
-    tour.add_argument("env", help="env id (`jaderl envs`) or any Gymnasium id")
-    tour.add_argument("--pool", type=whole_number, default=4, help="members training at a time (default 4)")
-    tour.add_argument("--period", type=whole_number, default=20_000,
+                          "members and a leaderboard (or continue one with --resume POP_DIR)")
+    tour.add_argument("algo", nargs="?", help="algorithm name, or several joined by commas (ppo,a2c)")
+    tour.add_argument("env", nargs="?", help="env id (`jaderl envs`) or any Gymnasium id")
+    tour.add_argument("--resume", metavar="POP_DIR",
+                      help="continue the tournament in POP_DIR: the rounds that had not finished start again")
+    tour.add_argument("--pool", type=whole_number, help="members training at a time (default 4)")
+    tour.add_argument("--period", type=whole_number,
                       help="env steps a member trains before the leaderboard judges it (default 20000)")
-    tour.add_argument("--rounds", type=whole_number, default=40, help="member periods in all (default 40)")
-    tour.add_argument("--leaderboard-size", type=whole_number, default=5, help="entries kept (default 5)")
-    tour.add_argument("--fuse-top", type=whole_number, default=None,
+    tour.add_argument("--rounds", type=whole_number, help="member periods in all (default 40)")
+    tour.add_argument("--leaderboard-size", type=whole_number, help="entries kept (default 5)")
+    tour.add_argument("--fuse-top", type=whole_number,
                       help="entries a fused member averages, at most --leaderboard-size (default 3, or the leaderboard "
                       "size if smaller)")
-    tour.add_argument("--strategy-weights", default="0.5,0.25,0.25", metavar="BEST,FUSE,FRESH",
-                      help="how often a new member copies the best entry, fuses the top ones or starts afresh")
+    tour.add_argument("--strategy-weights", metavar="BEST,FUSE,FRESH",
+                      help="how often a new member copies the best entry, fuses the top ones or starts afresh "
+                      "(default 0.5,0.25,0.25)")
     _add_shared_population_flags(tour)
+    tour.set_defaults(seed=None)  # unset flags: the defaults of a new tournament, refused with --resume
     fuse = sub.add_parser("fuse", help="fuse finished runs of one algorithm and env into one run by averaging their "
                           "parameters and optimizer states")
     fuse.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
@@ -204,6 +208,11 @@ def _member_settings(args: argparse.Namespace, function: Any) -> dict[str, Any]:
     return settings
 
 
+def _or_default(value: Any, default: Any) -> Any:
+    """A flag's value, or ``default`` when it was not given (flags that ``--resume`` refuses default to None)."""
+    return default if value is None else value
+
+
 def _pbt(args: argparse.Namespace) -> Any:
     from jaderl.population import pbt, resume_pbt
 
@@ -227,9 +236,7 @@ def _pbt(args: argparse.Namespace) -> Any:
     if not (args.algo and args.env):
         _fail("pbt needs ALGO and ENV, e.g. `jaderl pbt ppo jaderl/CartPole-v1`, or --resume POP_DIR")
     settings = _member_settings(args, pbt)
-    def given(value: Any, default: Any) -> Any:
-        return default if value is None else value
-
+    given = _or_default
     return pbt(args.algo, args.env, members=given(args.members, 8), period=given(args.period, 20_000),
                generations=given(args.generations, 10), seed=given(args.seed, 0), run_dir=args.run_dir,
                space=args.space, quantile=given(args.quantile, 0.25),
@@ -239,22 +246,37 @@ def _pbt(args: argparse.Namespace) -> Any:
 
 
 def _tournament(args: argparse.Namespace) -> Any:
-    from jaderl.population import tournament
-
-    try:
-        weights = tuple(float(w) for w in args.strategy_weights.split(","))
-    except ValueError:
-        _fail(f"--strategy-weights {args.strategy_weights!r} is not three numbers such as 0.5,0.25,0.25")
+    from jaderl.population import resume_tournament, tournament
 
     def progress(info: dict[str, Any]) -> None:
         print(f"{info['finished']}/{info['rounds']} | {info['member']} ({info['origin']}) scored {info['score']:.2f} "
               f"| {info['time_s']:.1f} s", file=sys.stderr, flush=True)
 
+    if args.resume:
+        if args.algo or args.env or args.overrides or args.space:
+            _fail("--resume takes the tournament's settings from POP_DIR; drop ALGO, ENV, --space and --set")
+        fixed = {"--period": args.period, "--leaderboard-size": args.leaderboard_size, "--fuse-top": args.fuse_top,
+                 "--strategy-weights": args.strategy_weights, "--seed": args.seed, "--run-dir": args.run_dir}
+        if given := [flag for flag, value in fixed.items() if value is not None]:
+            _fail(f"--resume takes the tournament's settings from POP_DIR; drop {', '.join(given)} (only --rounds, "
+                  "--pool, --resources-per-member and --address may change)")
+        return resume_tournament(args.resume, rounds=args.rounds, pool=args.pool, resources=args.resources or None,
+                                 address=args.address, progress=progress)
+    if not (args.algo and args.env):
+        _fail("tournament needs ALGO and ENV, e.g. `jaderl tournament ppo,a2c jaderl/CartPole-v1`, or --resume "
+              "POP_DIR")
+    weights_text = args.strategy_weights or "0.5,0.25,0.25"
+    try:
+        weights = tuple(float(w) for w in weights_text.split(","))
+    except ValueError:
+        _fail(f"--strategy-weights {weights_text!r} is not three numbers such as 0.5,0.25,0.25")
     settings = _member_settings(args, tournament)
-    return tournament(args.algo.split(","), args.env, pool=args.pool, period=args.period, rounds=args.rounds,
-                      leaderboard_size=args.leaderboard_size, fuse_top=args.fuse_top, strategy_weights=weights,
-                      seed=args.seed, run_dir=args.run_dir, space=args.space, resources=args.resources,
-                      address=args.address, progress=progress, **settings)
+    given = _or_default
+    return tournament(args.algo.split(","), args.env, pool=given(args.pool, 4), period=given(args.period, 20_000),
+                      rounds=given(args.rounds, 40), leaderboard_size=given(args.leaderboard_size, 5),
+                      fuse_top=args.fuse_top, strategy_weights=weights, seed=given(args.seed, 0),
+                      run_dir=args.run_dir, space=args.space, resources=args.resources, address=args.address,
+                      progress=progress, **settings)
 
 
 class ProgressPrinter:

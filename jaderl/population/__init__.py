@@ -12,7 +12,8 @@ from jaderl.population.cluster import PopulationError, Resources
 from jaderl.population.ensemble import Ensemble, fuse_runs
 from jaderl.population.pbt import PBTResult, PBTSettings, pbt, resume_pbt
 from jaderl.population.space import Dimension, default_space, parse_space
-from jaderl.population.tournament import Leaderboard, TournamentResult, tournament
+from jaderl.population.tournament import Leaderboard, TournamentResult, resume_tournament, tournament
 
 __all__ = ["Dimension", "Ensemble", "Leaderboard", "PBTResult", "PBTSettings", "PopulationError", "Resources",
-           "TournamentResult", "default_space", "fuse_runs", "parse_space", "pbt", "resume_pbt", "tournament"]
+           "TournamentResult", "default_space", "fuse_runs", "parse_space", "pbt", "resume_pbt",
+           "resume_tournament", "tournament"]

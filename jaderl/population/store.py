@@ -50,7 +50,9 @@ def population_dir(run_dir: str | None, kind: str, algo: str, env: str, seed: in
         raise ConfigError(f"population directory {path} cannot be created: {blocking} is a file; pick another "
                           "--run-dir")
     if path.exists() and any(path.iterdir()):
-        held = "a population; continue it with --resume" if (path / STATE_JSON).exists() else "files; delete them"
+        held = ("a population; continue it with `jaderl pbt --resume`" if (path / STATE_JSON).exists() else
+                "a tournament; continue it with `jaderl tournament --resume`" if (path / "tournament.json").exists()
+                else "files; delete them")
         raise ConfigError(f"population directory {path} already holds {held} or pick another --run-dir")
     return path
 
@@ -88,8 +90,13 @@ def read_state(pop_dir: str | Path) -> dict[str, Any]:
 
 def read_rows(pop_dir: Path) -> list[dict[str, str]]:
     """population.csv's rows (none if it does not exist yet)."""
+    return read_csv(pop_dir / CSV_NAME)
+
+
+def read_csv(path: Path) -> list[dict[str, str]]:
+    """The rows of the CSV file ``path`` as dicts (none if it does not exist yet)."""
     try:
-        with open(pop_dir / CSV_NAME, newline="") as f:
+        with open(path, newline="") as f:
             return list(csv.DictReader(f))
     except FileNotFoundError:
         return []

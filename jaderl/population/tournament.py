@@ -14,6 +14,10 @@
                    "fresh" a new agent of one of the algorithms with hyperparameters sampled from the space
     when `rounds` members have finished: POP_DIR/best is a copy of the leaderboard's first entry
 
+A driver that stops (Ctrl-C, a lost connection, SIGKILL) leaves POP_DIR/tournament.json (the settings),
+tournament.csv (the members that finished) and the leaderboard: :func:`resume_tournament` (``jaderl tournament
+--resume POP_DIR``) starts the rounds that had not finished again, losing at most the periods in flight.
+
 Members may use different algorithms (``algos=["ppo", "a2c"]``); entries of one algorithm only are fused. Every
 member and entry is an ordinary run directory; with several nodes, POP_DIR must be on storage every node shares. A
 member's process, with torch and jaderl imported, becomes the next member when its period ends (a new process starts
@@ -40,9 +44,12 @@ from jaderl.population.ensemble import fuse_runs
 from jaderl.population.member import remote_worker
 from jaderl.population.pbt import check_fits
 from jaderl.population.space import Space, check_not_fixed, explore, parse_space, sample, space_entries
-from jaderl.population.store import copy_run, new_population_dir, population_dir, write_csv, write_json
+from jaderl.population.store import copy_run, new_population_dir, population_dir, read_csv, write_csv, write_json
 
 STRATEGIES = ("best", "fuse", "fresh")
+FORMAT = 1
+"""The version of tournament.json's layout that this jaderl writes and resumes."""
+STATE_JSON = "tournament.json"
 LEADERBOARD_JSON = "leaderboard.json"
 CSV_NAME = "tournament.csv"
 CSV_COLUMNS = ["round", "member", "algo", "origin", "parents", "steps", "score", "rank", "hyperparameters"]
@@ -109,6 +116,96 @@ def tournament(algos: list[str] | str, env: str, *, pool: int = 4, period: int =
     ``member``, ``score``, ``origin``, ``pid`` (the process it trained in; None if it died) and ``time_s``."""
     algos = [algos] if isinstance(algos, str) else list(algos)
     fuse_top = max(2, min(3, leaderboard_size)) if fuse_top is None else fuse_top
+    spaces = _checked(algos, env, pool, period, rounds, leaderboard_size, fuse_top, strategy_weights, seed, space,
+                      settings)
+    per_member = Resources.parse(resources)
+    pop_dir = population_dir(run_dir, "tournament", "+".join(algos), env, seed)  # a file or one in use: before Ray
+    with connected(address, num_cpus) as ray:  # an address that does not answer, or too few resources: no directory
+        options = per_member.options(pool, ray.cluster_resources())
+        pop_dir = new_population_dir(str(pop_dir), "tournament", "+".join(algos), env, seed)  # (filled meanwhile?)
+        write_json(pop_dir / STATE_JSON, {"format": FORMAT, "algos": algos, "env": env, "pool": pool, "period": period,
+                                          "rounds": rounds, "leaderboard_size": leaderboard_size, "fuse_top": fuse_top,
+                                          "strategy_weights": list(strategy_weights), "seed": seed,
+                                          "space": space or [], "resources": resources, "settings": settings})
+        runner = _Tournament(ray, options, pop_dir, algos, env, spaces, settings, period, fuse_top,
+                             strategy_weights, random.Random(seed), seed)
+        return runner.run(pool, rounds, leaderboard_size, progress)
+
+
+def resume_tournament(pop_dir: str | Path, *, rounds: int | None = None, pool: int | None = None,
+                      resources: str | None = None, address: str | None = None, num_cpus: int | None = None,
+                      progress: Any = None) -> TournamentResult:
+    """Continue the tournament in ``pop_dir`` whose driver stopped: the leaderboard and tournament.csv as they are on
+    disk, and every round that had not finished (its member was training when the driver stopped) started again from
+    the leaderboard. ``rounds`` may raise the number of rounds, ``pool`` and ``resources`` change how many members
+    train at a time and what each holds (another cluster). The generator's random choices continue from a stream of
+    the tournament's seed and the rounds finished."""
+    pop_dir = Path(pop_dir).absolute()  # (members' run directories, in processes with another working directory)
+    saved = _read_saved(pop_dir)
+    rounds = saved["rounds"] if rounds is None else rounds
+    pool = saved["pool"] if pool is None else pool
+    resources = saved["resources"] if resources is None else resources
+    algos, env, settings, seed = saved["algos"], saved["env"], saved["settings"], saved["seed"]
+    size, weights = saved["leaderboard_size"], tuple(saved["strategy_weights"])
+    spaces = _checked(algos, env, pool, saved["period"], rounds, size, saved["fuse_top"], weights, seed,
+                      saved["space"] or None, settings)
+    per_member = Resources.parse(resources)
+    entries = Leaderboard(str(pop_dir), size).top()
+    rows: list[dict[str, Any]] = list(read_csv(pop_dir / CSV_NAME))
+    have = {r["member"] for r in rows}  # a member in the leaderboard but not in tournament.csv: the driver stopped
+    rows += [_row(e, rank) for rank, e in enumerate(entries) if e["name"] not in have]  # between the two
+    done = {int(r["round"]) for r in rows}
+    if len(done) >= rounds and entries and not (pop_dir / "best").exists():  # it stopped before its last step
+        copy_run(Path(entries[0]["run_dir"]), pop_dir / "best")
+        write_csv(pop_dir / CSV_NAME, CSV_COLUMNS, rows)
+        return TournamentResult(str(pop_dir), len(done), entries[0]["score"], str(pop_dir / "best"), entries, 0.0)
+    if len(done) >= rounds:
+        raise ConfigError(f"{pop_dir} already finished {len(done)} rounds; resume with --rounds larger than "
+                          f"{len(done)} to train on")
+    kept = {Path(e["run_dir"]).name for e in entries}  # copies of entries the driver was adding or dropping
+    for snapshot in (pop_dir / "leaderboard").glob("*"):
+        if snapshot.name not in kept:
+            shutil.rmtree(snapshot, ignore_errors=True)
+    with connected(address, num_cpus) as ray:
+        options = per_member.options(pool, ray.cluster_resources())
+        write_json(pop_dir / STATE_JSON, {**saved, "rounds": rounds, "pool": pool, "resources": resources})
+        write_csv(pop_dir / CSV_NAME, CSV_COLUMNS, rows)
+        runner = _Tournament(ray, options, pop_dir, algos, env, spaces, settings, saved["period"], saved["fuse_top"],
+                             weights, random.Random(f"tournament {seed} resumed after {len(done)} rounds"), seed,
+                             rows=rows)
+        return runner.run(pool, rounds, size, progress)
+
+
+def _read_saved(pop_dir: Path) -> dict[str, Any]:
+    """tournament.json's settings, or one sentence saying that ``pop_dir`` holds no tournament this jaderl resumes."""
+    path = pop_dir / STATE_JSON
+    try:
+        saved = json.loads(path.read_text())
+        if not isinstance(saved, dict) or "settings" not in saved:
+            raise ValueError("no settings")
+    except (OSError, ValueError):
+        raise ConfigError(f"{pop_dir} holds no tournament ({path} is missing or damaged); pass the directory of a "
+                          "tournament started with `jaderl tournament`") from None
+    if saved.get("format") != FORMAT:
+        raise ConfigError(f"{pop_dir} holds a tournament of format {saved.get('format')}; this jaderl resumes format "
+                          f"{FORMAT}")
+    return saved
+
+
+def _row(entry: dict[str, Any], rank: int | None) -> dict[str, Any]:
+    """tournament.csv's row of a member that finished (``entry``: what the leaderboard holds of it)."""
+    score = entry["score"]
+    return {"round": entry["round"], "member": entry["name"], "algo": entry["algo"], "origin": entry["origin"],
+            "parents": " ".join(entry["parents"]), "steps": entry["steps"],
+            "score": f"{score:.6g}", "rank": "" if rank is None else rank,
+            "hyperparameters": json.dumps(entry["hyperparameters"])}
+
+
+def _checked(algos: list[str], env: str, pool: int, period: int, rounds: int, leaderboard_size: int, fuse_top: int,
+             strategy_weights: tuple[float, ...], seed: int, space: list[str] | None,
+             settings: dict[str, Any]) -> dict[str, Space]:
+    """Each algorithm's search space, once every argument is checked (one sentence for the first that is wrong) and
+    the env is known to exist and to fit every algorithm, before anything starts."""
     if not algos or (unknown := [a for a in algos if a not in ALGOS]):
         raise ConfigError(f"unknown algorithm {(unknown or [''])[0]!r}; choose from: {', '.join(ALGOS)}")
     for name, value, low in (("pool", pool, 1), ("period", period, 1), ("rounds", rounds, 1),
@@ -140,19 +237,7 @@ def tournament(algos: list[str] | str, env: str, *, pool: int = 4, period: int =
     # the env exists, and every algorithm fits it and takes its settings, before any member starts
     configs = {a: make_config(**member_settings(a, env, settings, period, rounds, seed, Path("."))) for a in algos}
     spec = check_fits(list(configs.values()))
-    spaces = {a: parse_space(ALGOS[a].agent_cls, space, fixed=settings, config=configs[a], spec=spec) for a in algos}
-    per_member = Resources.parse(resources)
-    pop_dir = population_dir(run_dir, "tournament", "+".join(algos), env, seed)  # a file or one in use: before Ray
-    with connected(address, num_cpus) as ray:  # an address that does not answer, or too few resources: no directory
-        options = per_member.options(pool, ray.cluster_resources())
-        pop_dir = new_population_dir(str(pop_dir), "tournament", "+".join(algos), env, seed)  # (filled meanwhile?)
-        write_json(pop_dir / "tournament.json", {"algos": algos, "env": env, "pool": pool, "period": period,
-                                                 "rounds": rounds, "leaderboard_size": leaderboard_size,
-                                                 "fuse_top": fuse_top, "seed": seed, "space": space or [],
-                                                 "settings": settings})
-        runner = _Tournament(ray, options, pop_dir, algos, env, spaces, settings, period, fuse_top,
-                             strategy_weights, random.Random(seed), seed)
-        return runner.run(pool, rounds, leaderboard_size, progress)
+    return {a: parse_space(ALGOS[a].agent_cls, space, fixed=settings, config=configs[a], spec=spec) for a in algos}
 
 
 def check_space_fits_every_algorithm(space: list[str] | dict[str, str] | None, algos: list[str]) -> None:
@@ -183,13 +268,14 @@ def member_settings(algo: str, env: str, settings: dict[str, Any], period: int, 
 class _Tournament:
     def __init__(self, ray: Any, options: dict[str, float], pop_dir: Path, algos: list[str], env: str,
                  spaces: dict[str, Space], settings: dict[str, Any], period: int, fuse_top: int,
-                 weights: tuple[float, float, float], rng: random.Random, seed: int) -> None:
+                 weights: tuple[float, ...], rng: random.Random, seed: int,
+                 rows: list[dict[str, Any]] | None = None) -> None:
         self.ray, self.pop_dir, self.algos, self.env, self.spaces = ray, pop_dir, algos, env, spaces
         self.settings, self.period, self.fuse_top, self.weights, self.rng = settings, period, fuse_top, weights, rng
         self.seed, self.rounds = seed, 0
         self.worker_cls = remote_worker(ray, options)
         self.idle: list[Any] = []  # processes of members that finished, each the next member's
-        self.rows: list[dict[str, Any]] = []
+        self.rows: list[dict[str, Any]] = list(rows or [])  # tournament.csv's (a resumed tournament's finished ones)
 
     def member_settings(self, algo: str, name: str, round_: int) -> dict[str, Any]:
         return member_settings(algo, self.env, self.settings, self.period, self.rounds, self.seed + round_,
@@ -206,6 +292,7 @@ class _Tournament:
             same = [e for e in entries if e["algo"] == algo][:self.fuse_top]
             strategy = "fuse" if len(same) >= 2 else "best"
         target = self.pop_dir / "members" / name
+        shutil.rmtree(target, ignore_errors=True)  # a round started again: what its member left when the driver stopped
         if strategy == "fresh":
             algo = self.rng.choice(self.algos)
             values, parents = sample(self.spaces[algo], self.rng), []
@@ -235,14 +322,14 @@ class _Tournament:
         self.rounds = rounds  # a lineage trains at most one period a round
         board = leaderboard_actor(ray).remote(str(self.pop_dir), size)
         running: dict[Any, tuple[Any, dict[str, Any], list[Any]]] = {}
-        started = finished = 0
+        done = {int(row["round"]) for row in self.rows}
+        todo, finished = [r for r in range(rounds) if r not in done], len(done)
         ending: list[Any] = []  # the member whose period ended, until it is idle or killed
         try:
             while finished < rounds:
-                while started < rounds and len(running) < pool:
-                    actor, info, setup = self.generate(started, board)
+                while todo and len(running) < pool:
+                    actor, info, setup = self.generate(todo.pop(0), board)
                     running[actor.train_for.remote(self.period)] = (actor, info, setup)
-                    started += 1
                 [ref], _ = ray.wait(list(running), num_returns=1)
                 actor, info, setup = running.pop(ref)
                 ending = [actor]
@@ -282,13 +369,11 @@ class _Tournament:
         """The updater: insert a finished member into the leaderboard by its score; record tournament.csv."""
         name = info["member"]
         values = {k: v for k, v in described["hyperparameters"].items() if k in self.spaces[info["algo"]]}
-        entry = {"name": name, "algo": info["algo"], "score": result["score"], "steps": result["steps"],
-                 "hyperparameters": values, "origin": info["origin"], "parents": info["parents"]}
+        entry = {"name": name, "round": info["round"], "algo": info["algo"], "score": result["score"],
+                 "steps": result["steps"], "hyperparameters": values, "origin": info["origin"],
+                 "parents": info["parents"]}
         rank = None
         if math.isfinite(result["score"]):
             rank = self.ray.get(board.insert.remote(entry, str(self.pop_dir / "members" / name)))
-        self.rows.append({**{k: info[k] for k in ("round", "member", "algo", "origin")},
-                          "parents": " ".join(info["parents"]), "steps": result["steps"],
-                          "score": f"{result['score']:.6g}", "rank": "" if rank is None else rank,
-                          "hyperparameters": json.dumps(values)})
+        self.rows.append(_row(entry, rank))
         write_csv(self.pop_dir / CSV_NAME, CSV_COLUMNS, self.rows)

@@ -33,10 +33,11 @@ from jaderl import api
 from jaderl.cli import main
 from jaderl.core.config import ConfigError
 from jaderl.core.evaluator import BEST_POLICY
-from jaderl.population import pbt, resume_pbt
+from jaderl.population import pbt, resume_pbt, resume_tournament
 from jaderl.population.cluster import PopulationError
 from jaderl.population.member import Member, Standby
 from jaderl.population.pbt import PBTSettings, split_by_score
+from tests.population.fake_ray import Continuing, FakeRay
 
 ray = pytest.importorskip("ray")
 
@@ -235,6 +236,9 @@ def test_populations_refuse_a_run_dir_that_is_a_file_or_in_use_before_ray_starts
     settings = dataclasses.asdict(PBTSettings("ppo", ENV, members=2, period=128, generations=2, settings=dict(TINY)))
     state = json.dumps({"format": 1, "settings": settings, "generation": 1, "members": [], "rng": None})
     (pop / "population.json").write_text(state)
+    tour = tmp_path / "tour"
+    tour.mkdir()
+    (tour / "tournament.json").write_text("{}")
     for command in (["pbt", "ppo", ENV, "--members", "2"], ["tournament", "ppo", ENV, "--pool", "2"]):
         err = _refused([*command, "--run-dir", str(afile)], capsys).strip()
         assert err == f"jaderl: error: population directory {afile} is a file; pick another --run-dir"
@@ -246,7 +250,10 @@ def test_populations_refuse_a_run_dir_that_is_a_file_or_in_use_before_ray_starts
                        "another --run-dir")
         err = _refused([*command, "--run-dir", str(pop)], capsys).strip()
         assert err == (f"jaderl: error: population directory {pop} already holds a population; continue it with "
-                       "--resume or pick another --run-dir")
+                       "`jaderl pbt --resume` or pick another --run-dir")
+        err = _refused([*command, "--run-dir", str(tour)], capsys).strip()
+        assert err == (f"jaderl: error: population directory {tour} already holds a tournament; continue it with "
+                       "`jaderl tournament --resume` or pick another --run-dir")
     assert afile.read_text() == "kept" and (used / "notes.txt").read_text() == "kept"
     assert sorted(p.name for p in used.iterdir()) == ["notes.txt"]
     assert (pop / "population.json").read_text() == state
@@ -298,7 +305,8 @@ def test_members_run_in_the_population_directory_whatever_their_working_director
     monkeypatch.setattr(pbt_module, "connected", connected)
     monkeypatch.setattr(tournament_module, "connected", connected)
     monkeypatch.setattr(pbt_module._Controller, "run", controller_run)
-    monkeypatch.setattr(tournament_module._Tournament, "__init__", lambda self, *a: setattr(self, "pop_dir", a[2]))
+    monkeypatch.setattr(tournament_module._Tournament, "__init__",
+                        lambda self, *a, **k: setattr(self, "pop_dir", a[2]))
     monkeypatch.setattr(tournament_module._Tournament, "run", tournament_run)
     monkeypatch.chdir(tmp_path)
     pbt("ppo", ENV, members=2, run_dir="pops/p", **TINY)
@@ -307,6 +315,9 @@ def test_members_run_in_the_population_directory_whatever_their_working_director
     resume_pbt("pops/p", generations=3)
     assert seen["pbt"] == tmp_path / "pops" / "p" / "members" / "m00"
     tournament_module.tournament("ppo", ENV, pool=2, run_dir="pops/t", **TINY)
+    assert seen["tournament"] == tmp_path / "pops" / "t"
+    del seen["tournament"]
+    tournament_module.resume_tournament("pops/t", rounds=3)
     assert seen["tournament"] == tmp_path / "pops" / "t"
 
 
@@ -842,7 +853,7 @@ def test_too_many_members_are_refused_before_any_starts(local_ray: None, tmp_pat
 def test_a_population_directory_in_use_is_refused(population: tuple[Path, dict, str],
                                                   capsys: pytest.CaptureFixture[str]) -> None:
     pop_dir, _, _ = population
-    assert "continue it with --resume" in _refused(["pbt", "ppo", ENV, "--run-dir", str(pop_dir)], capsys)
+    assert "continue it with `jaderl pbt --resume`" in _refused(["pbt", "ppo", ENV, "--run-dir", str(pop_dir)], capsys)
 
 
 def test_an_address_that_does_not_answer_is_one_sentence(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -854,47 +865,6 @@ def test_an_address_that_does_not_answer_is_one_sentence(tmp_path: Path, capsys:
     with pytest.raises(ConfigError, match="is not host:port"):
         check_reachable("nowhere")
     assert time.monotonic() - start < 10
-
-
-class _FakeRay:
-    """The few Ray calls a tournament makes, in this process: actors are plain objects, a call runs when its result
-    is read, an exception inside a member is a task error; ``killed`` lists the actors killed."""
-
-    class _TaskError(Exception):
-        def __init__(self, cause: BaseException) -> None:
-            super().__init__(str(cause))
-            self.cause = cause
-
-    exceptions = type("exceptions", (), {"RayTaskError": _TaskError, "RayActorError": type("ActorError",
-                                                                                           (Exception,), {})})
-
-    def __init__(self, member_cls: type) -> None:
-        self.member_cls, self.killed, self.actors = member_cls, [], []
-
-    def remote(self, **options: Any) -> Any:
-        def actor_class(cls: type) -> Any:
-            def start(*args: Any) -> Any:
-                obj = cls(*args) if cls.__name__ == "Leaderboard" else self.member_cls()
-                handle = type("Handle", (), {"__getattr__": lambda _, name: type("Method", (), {
-                    "remote": staticmethod(lambda *a: lambda: getattr(obj, name)(*a))})()})()
-                self.actors.append(handle)
-                return handle
-            return type("ActorClass", (), {"remote": staticmethod(start)})()
-        return actor_class
-
-    def get(self, refs: Any) -> Any:
-        if isinstance(refs, list):
-            return [self.get(r) for r in refs]
-        try:
-            return refs()
-        except Exception as exc:
-            raise self._TaskError(exc) from None
-
-    def wait(self, refs: list[Any], num_returns: int) -> tuple[list[Any], list[Any]]:
-        return refs[:num_returns], refs[num_returns:]
-
-    def kill(self, actor: Any, no_restart: bool) -> None:
-        self.killed.append(actor)
 
 
 def test_a_tournament_that_fails_kills_the_member_that_failed(tmp_path: Path) -> None:
@@ -910,35 +880,13 @@ def test_a_tournament_that_fails_kills_the_member_that_failed(tmp_path: Path) ->
         def train_for(self, steps: int) -> dict[str, Any]:
             raise ValueError("a bad env step")
 
-    fake = _FakeRay(Failing)
+    fake = FakeRay(Failing)
     (tmp_path / "t").mkdir()
     runner = _Tournament(fake, {}, tmp_path / "t", ["ppo"], ENV, {"ppo": parse_space(api.ALGOS["ppo"].agent_cls, [])},
                          {}, 64, 2, (0.0, 0.0, 1.0), random.Random(0), 0)
     with pytest.raises(PopulationError, match="member t0000 failed: a bad env step"):
         runner.run(pool=1, rounds=2, size=2, progress=None)
     assert len(fake.actors) == 2 and set(map(id, fake.killed)) == set(map(id, fake.actors))  # the board, the member
-
-class _Continuing:
-    """A stand-in member whose period always ends with score 0.5 after 128 env steps."""
-
-    def start(self, settings: dict[str, Any], values: dict[str, float]) -> int:
-        return 1
-
-    def reseed(self, seed: int) -> None:
-        return None
-
-    def set_hyperparameters(self, values: dict[str, float]) -> None:
-        return None
-
-    def train_for(self, steps: int) -> dict[str, Any]:
-        return {"score": 0.5, "steps": 128}
-
-    def describe(self) -> dict[str, Any]:
-        return {"hyperparameters": {}, "pid": 1}
-
-    def close(self) -> None:
-        return None
-
 
 def test_a_tournament_fusion_that_fails_copies_the_best_entry(tmp_path: Path) -> None:
     """Leaderboard entries that cannot be averaged (networks of other shapes) do not stop the tournament: the member
@@ -959,7 +907,7 @@ def test_a_tournament_fusion_that_fails_copies_the_best_entry(tmp_path: Path) ->
         entries.append({"name": name, "algo": "ppo", "score": score, "steps": 0, "origin": "fresh", "parents": [],
                         "hyperparameters": sample(space, random.Random(0)), "run_dir": str(run_dir)})
     (pop_dir / "leaderboard.json").write_text(json.dumps({"size": 2, "entries": entries}))
-    runner = _Tournament(_FakeRay(_Continuing), {}, pop_dir, ["ppo"], ENV, {"ppo": space}, {}, 128, 2,
+    runner = _Tournament(FakeRay(Continuing), {}, pop_dir, ["ppo"], ENV, {"ppo": space}, {}, 128, 2,
                          (0.0, 1.0, 0.0), random.Random(0), 0)
     with pytest.warns(UserWarning) as warned:
         result = runner.run(pool=1, rounds=1, size=2, progress=None)
@@ -990,7 +938,7 @@ def test_tournament_csv_is_flushed_and_synced_for_every_row(tmp_path: Path, monk
 
     monkeypatch.setattr(os, "fsync", fsync)
     (tmp_path / "t").mkdir()
-    runner = _Tournament(_FakeRay(_Continuing), {}, tmp_path / "t", ["ppo"], ENV,
+    runner = _Tournament(FakeRay(Continuing), {}, tmp_path / "t", ["ppo"], ENV,
                          {"ppo": parse_space(api.ALGOS["ppo"].agent_cls, [])}, {}, 64, 2, (0.0, 0.0, 1.0),
                          random.Random(0), 0)
     for round_ in range(2):
@@ -1035,6 +983,11 @@ def test_tournament_of_two_algorithms(local_ray: None, tmp_path: Path) -> None:
             if line.startswith("# step"):
                 changes = [change.split(" ") for change in line.split(": ", 1)[1].split(", ")]
                 assert all(old != new for _, old, _, new in changes), f"{path}: {line}"
+    # continued on Ray with one more round (tests/population/test_tournament_resume.py: a driver that stopped)
+    more = resume_tournament(tmp_path / "t", rounds=5)
+    with open(tmp_path / "t" / "tournament.csv", newline="") as f:
+        assert [r["round"] for r in csv.DictReader(f)] == [r["round"] for r in rows] + ["4"]
+    assert more.rounds == 5 and more.best_score >= result.best_score
 
 
 def test_tune_pbt_keeps_the_explored_hyperparameters_and_trials_keep_their_run_directory(

@@ -1,0 +1,186 @@
+"""`jaderl tournament --resume POP_DIR`: a tournament whose driver stopped finishes every round once, from what is
+on disk. The driver runs in the test's process (``FakeRay``) with real members that train tiny PPO runs."""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import json
+import shutil
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from jaderl.cli import main
+from jaderl.core.config import ConfigError
+from jaderl.population import resume_tournament, tournament
+from jaderl.population.member import Standby
+from tests.population.fake_ray import FakeRay
+
+ENV = "jaderl/CartPole-v1"
+TINY: dict[str, Any] = dict(num_envs=4, horizon=32, minibatch_size=64, num_epochs=2, hidden=[16, 16],
+                            eval_episodes=2, device="cpu")
+PERIOD = 128  # one PPO iteration of TINY (4 sub-envs x 32 steps)
+module = sys.modules["jaderl.population.tournament"]  # (the module, not the function the package exports)
+
+
+@pytest.fixture
+def fake_ray(monkeypatch: pytest.MonkeyPatch) -> FakeRay:
+    """Ray as the tournament's driver sees it, in this process; members are :class:`Standby` processes' actors."""
+    fake = FakeRay(Standby)
+
+    @contextlib.contextmanager
+    def connected(*args: Any) -> Iterator[FakeRay]:
+        yield fake
+
+    monkeypatch.setattr(module, "connected", connected)
+    return fake
+
+
+def _rows(pop_dir: Path) -> list[dict[str, str]]:
+    with open(pop_dir / "tournament.csv", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def _board(pop_dir: Path) -> list[dict[str, Any]]:
+    return json.loads((pop_dir / "leaderboard.json").read_text())["entries"]
+
+
+def _start(pop_dir: Path, stop_after: int, rounds: int = 5, weights: tuple[float, float, float] = (1.0, 1.0, 0.0)
+           ) -> None:
+    """A tournament of ``rounds`` rounds whose driver stops (Ctrl-C) once ``stop_after`` members have finished;
+    ``weights``: the generator's for best, fuse and fresh members."""
+    def progress(info: dict[str, Any]) -> None:
+        if info["finished"] == stop_after:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        tournament("ppo", ENV, pool=2, period=PERIOD, rounds=rounds, leaderboard_size=3, fuse_top=2,
+                   strategy_weights=weights, seed=1, run_dir=str(pop_dir), space=["lr=loguniform:1e-4:1e-2"],
+                   progress=progress, **TINY)
+
+
+def _check_lineage(rows: list[dict[str, str]]) -> None:
+    """Each round once; a fresh member trained one period, a continued one a period on top of its parent's steps."""
+    by_name = {r["member"]: r for r in rows}
+    for row in rows:
+        if row["origin"] == "fresh":
+            assert int(row["steps"]) == PERIOD
+        elif row["origin"] == "best":
+            assert int(row["steps"]) == int(by_name[row["parents"]]["steps"]) + PERIOD
+
+
+def test_a_resumed_tournament_starts_the_rounds_in_flight_again_and_finishes_each_round_once(
+        fake_ray: FakeRay, tmp_path: Path) -> None:
+    pop_dir = tmp_path / "t"
+    _start(pop_dir, stop_after=2)
+    before = _rows(pop_dir)
+    assert sorted(int(r["round"]) for r in before) == [0, 1]
+    assert (pop_dir / "members" / "t0002").exists()  # the round in flight: started, never finished
+    orphan = pop_dir / "leaderboard" / "t0009"  # a copy the driver was making when it stopped
+    orphan.mkdir()
+    finished: list[dict[str, Any]] = []
+    result = resume_tournament(pop_dir, progress=finished.append)
+    rows = _rows(pop_dir)
+    assert rows[:2] == before  # the finished rounds as they were: not trained again
+    assert sorted(int(r["round"]) for r in rows) == list(range(5))
+    assert [info["finished"] for info in finished] == [3, 4, 5] and finished[-1]["rounds"] == 5
+    _check_lineage(rows)
+    assert {r["origin"] for r in rows[2:]} <= {"best", "fuse"}  # the leaderboard of before seeds the new members
+    board = _board(pop_dir)
+    assert sorted(p.name for p in (pop_dir / "leaderboard").iterdir()) == sorted(e["name"] for e in board)
+    assert [e["score"] for e in board] == sorted((float(r["score"]) for r in rows), reverse=True)[:3]
+    assert result.best_score == board[0]["score"] and Path(result.best_run_dir, "checkpoint.json").exists()
+    with pytest.raises(ConfigError, match="already finished 5 rounds; resume with --rounds larger than 5"):
+        resume_tournament(pop_dir)
+    shutil.rmtree(pop_dir / "best")  # as if the driver stopped after the last round, before copying the best entry
+    again = resume_tournament(pop_dir)
+    assert (again.best_score, again.rounds) == (result.best_score, 5)
+    assert (pop_dir / "best" / "checkpoint.json").exists()
+    more = resume_tournament(pop_dir, rounds=7)  # more rounds: a lineage may then train longer
+    rows = _rows(pop_dir)
+    assert sorted(int(r["round"]) for r in rows) == list(range(7)) and more.rounds == 7
+    _check_lineage(rows)
+    assert json.loads((pop_dir / "tournament.json").read_text())["rounds"] == 7
+
+
+def test_a_member_on_the_leaderboard_but_not_in_tournament_csv_is_not_trained_again(
+        fake_ray: FakeRay, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The driver stopped after the leaderboard took a member and before tournament.csv recorded it: the resume
+    records its row from the leaderboard, and its round is not started again (its name would be on the board
+    twice)."""
+    write_csv = module.write_csv
+    calls: list[int] = []
+
+    def stops_at_the_third(*args: Any) -> None:
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        write_csv(*args)
+
+    monkeypatch.setattr(module, "write_csv", stops_at_the_third)
+    pop_dir = tmp_path / "t"
+    _start(pop_dir, stop_after=99, rounds=4)
+    assert len(_rows(pop_dir)) == 2 and len(_board(pop_dir)) == 3
+    [lost] = [e for e in _board(pop_dir) if e["name"] not in {r["member"] for r in _rows(pop_dir)}]
+    monkeypatch.setattr(module, "write_csv", write_csv)
+    resume_tournament(pop_dir)
+    rows = _rows(pop_dir)
+    assert sorted(int(r["round"]) for r in rows) == [0, 1, 2, 3]
+    [row] = [r for r in rows if r["member"] == lost["name"]]
+    assert (float(row["score"]), int(row["steps"]), row["origin"]) == \
+        (pytest.approx(lost["score"], rel=1e-5), lost["steps"], lost["origin"])
+    names = [e["name"] for e in _board(pop_dir)]
+    assert len(names) == len(set(names))
+    _check_lineage(rows)
+
+
+def test_a_round_started_again_does_not_continue_what_its_member_left(fake_ray: FakeRay, tmp_path: Path) -> None:
+    """The member of a round in flight may have checkpointed before the driver stopped: the round started again
+    begins afresh, not from that checkpoint (a fresh member would otherwise train two periods, and a fused one find
+    its directory taken)."""
+    pop_dir = tmp_path / "t"
+    _start(pop_dir, stop_after=1, rounds=3, weights=(0.0, 0.0, 1.0))
+    assert [r["member"] for r in _rows(pop_dir)] == ["t0000"]
+    shutil.copytree(pop_dir / "members" / "t0000", pop_dir / "members" / "t0001")  # its period trained, unrecorded
+    resume_tournament(pop_dir)
+    rows = _rows(pop_dir)
+    assert [(r["member"], r["origin"], int(r["steps"])) for r in rows] == [(f"t000{k}", "fresh", PERIOD)
+                                                                          for k in range(3)]
+
+
+def test_resume_refuses_what_it_cannot_continue(fake_ray: FakeRay, tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(ConfigError, match=f"{tmp_path} holds no tournament .*tournament.json is missing or damaged"):
+        resume_tournament(tmp_path)
+    (tmp_path / "tournament.json").write_text(json.dumps({"algos": ["ppo"], "settings": {}}))
+    with pytest.raises(ConfigError, match="holds a tournament of format None; this jaderl resumes format 1"):
+        resume_tournament(tmp_path)
+
+    def refused(argv: list[str]) -> str:
+        with pytest.raises(SystemExit) as exit_:
+            main(argv)
+        assert exit_.value.code == 2
+        return capsys.readouterr().err.strip()
+
+    assert refused(["tournament", "ppo", ENV, "--resume", str(tmp_path)]) == (
+        "jaderl: error: --resume takes the tournament's settings from POP_DIR; drop ALGO, ENV, --space and --set")
+    assert refused(["tournament", "--resume", str(tmp_path), "--period", "10", "--seed", "3"]) == (
+        "jaderl: error: --resume takes the tournament's settings from POP_DIR; drop --period, --seed (only --rounds, "
+        "--pool, --resources-per-member and --address may change)")
+    assert refused(["tournament"]) == ("jaderl: error: tournament needs ALGO and ENV, e.g. `jaderl tournament "
+                                       "ppo,a2c jaderl/CartPole-v1`, or --resume POP_DIR")
+
+
+def test_the_command_resumes_a_tournament(fake_ray: FakeRay, tmp_path: Path,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    pop_dir = tmp_path / "t"
+    _start(pop_dir, stop_after=1, rounds=3)
+    assert main(["tournament", "--resume", str(pop_dir), "--rounds", "4", "--pool", "1", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["rounds"] == 4 and out["population_dir"] == str(pop_dir)
+    assert sorted(int(r["round"]) for r in _rows(pop_dir)) == [0, 1, 2, 3]
+    assert json.loads((pop_dir / "tournament.json").read_text())["pool"] == 1
