@@ -222,7 +222,7 @@ def _pbt(args: argparse.Namespace) -> Any:
         print(f"generation {info['generation']}/{info['generations']} | best {info['best_score']:.2f} | "
               f"scores {scores}{copied} | {info['time_s']:.1f} s", file=sys.stderr, flush=True)
 
-    if args.resume:
+    if args.resume is not None:
         if args.algo or args.env or args.overrides or args.space:
             _fail("--resume takes the population's settings from POP_DIR; drop ALGO, ENV, --space and --set")
         fixed = {"--members": args.members, "--period": args.period, "--period-seconds": args.period_s,
@@ -252,7 +252,7 @@ def _tournament(args: argparse.Namespace) -> Any:
         print(f"{info['finished']}/{info['rounds']} | {info['member']} ({info['origin']}) scored {info['score']:.2f} "
               f"| {info['time_s']:.1f} s", file=sys.stderr, flush=True)
 
-    if args.resume:
+    if args.resume is not None:
         if args.algo or args.env or args.overrides or args.space:
             _fail("--resume takes the tournament's settings from POP_DIR; drop ALGO, ENV, --space and --set")
         fixed = {"--period": args.period, "--leaderboard-size": args.leaderboard_size, "--fuse-top": args.fuse_top,
@@ -265,7 +265,7 @@ def _tournament(args: argparse.Namespace) -> Any:
     if not (args.algo and args.env):
         _fail("tournament needs ALGO and ENV, e.g. `jaderl tournament ppo,a2c jaderl/CartPole-v1`, or --resume "
               "POP_DIR")
-    weights_text = args.strategy_weights or "0.5,0.25,0.25"
+    weights_text = _or_default(args.strategy_weights, "0.5,0.25,0.25")
     try:
         weights = tuple(float(w) for w in weights_text.split(","))
     except ValueError:

@@ -41,6 +41,7 @@ from jaderl.population.store import (
     copy_run,
     csv_row,
     damaged_checkpoint,
+    driven,
     new_population_dir,
     plot_population,
     population_dir,
@@ -185,8 +186,9 @@ def pbt(algo: str, env: str, *, members: int = 8, period: int = 20_000, generati
         state = {"format": FORMAT, "settings": dataclasses.asdict(config), "generation": 0,
                  "members": [{"parent": k, "hyperparameters": sample(parsed, rng)} for k in range(members)]}
         state["rng"] = _rng_to_json(rng)
-        write_json(pop_dir / STATE_JSON, state)
-        return _Controller(pop_dir, config, parsed, state).run(ray, options, progress)
+        with driven(pop_dir):
+            write_json(pop_dir / STATE_JSON, state)
+            return _Controller(pop_dir, config, parsed, state).run(ray, options, progress)
 
 
 def resume_pbt(pop_dir: str | Path, *, generations: int | None = None, address: str | None = None,
@@ -196,6 +198,13 @@ def resume_pbt(pop_dir: str | Path, *, generations: int | None = None, address: 
     ``generations`` may raise the number of generations, ``resources`` give members other resources (another
     cluster)."""
     pop_dir = Path(pop_dir).absolute()  # (members' run directories, in processes with another working directory)
+    read_state(pop_dir)  # (a directory that holds no population: refused before anything is written into it)
+    with driven(pop_dir):  # (another driver of it: refused before Ray starts)
+        return _resume_pbt(pop_dir, generations, address, num_cpus, resources, progress)
+
+
+def _resume_pbt(pop_dir: Path, generations: int | None, address: str | None, num_cpus: int | None,
+                resources: str | None, progress: Progress | None) -> PBTResult:
     state = read_state(pop_dir)
     if state.get("format") != FORMAT:
         raise ConfigError(f"{pop_dir} holds a population of format {state.get('format')}; this jaderl reads format "

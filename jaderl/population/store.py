@@ -8,6 +8,7 @@
     POP_DIR/members/mNN/        each member's ordinary run directory (checkpoint, metrics.csv, TensorBoard)
     POP_DIR/best/               a copy of the best member's run directory (``jaderl eval``, ``jaderl.load``,
                                 ``jaderl train --resume`` accept it)
+    POP_DIR/driver.lock         there while a driver runs (:func:`driven`): its lock, naming its process and host
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ import math
 import os
 import re
 import shutil
-from collections.abc import Sequence
+import socket
+from collections.abc import Iterator, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -29,9 +31,15 @@ from safetensors import SafetensorError, safe_open
 from jaderl.core.checkpoint import CHECKPOINT_JSON
 from jaderl.core.config import ConfigError
 
+try:
+    import fcntl
+except ImportError:  # (Windows: populations run without the driver lock)
+    fcntl = None  # type: ignore[assignment]
+
 STATE_JSON = "population.json"
 CSV_NAME = "population.csv"
 PLOT_NAME = "population.png"
+DRIVER_LOCK = "driver.lock"
 CSV_COLUMNS = ["generation", "member", "parent", "steps", "score", "hyperparameters", "node"]
 
 
@@ -64,6 +72,44 @@ def new_population_dir(run_dir: str | None, kind: str, algo: str, env: str, seed
     path = population_dir(run_dir, kind, algo, env, seed)
     path.mkdir(parents=True, exist_ok=True)
     return path.absolute()
+
+
+@contextlib.contextmanager
+def driven(pop_dir: Path) -> Iterator[None]:
+    """Hold ``pop_dir`` for this driver while the block runs: a second driver of the same population or tournament
+    (a ``--resume`` while the first still runs, whose members and files the two would otherwise both change) is
+    refused in one sentence naming the first. The lock is the kernel's (``flock`` on ``POP_DIR/driver.lock``), so it
+    goes when the driver's process ends, however it ends; the file goes with a driver that ends normally."""
+    if fcntl is None:
+        yield
+        return
+    path = pop_dir / DRIVER_LOCK
+    while True:
+        f = open(path, "a+")  # noqa: SIM115  (closed below, which releases the lock)
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            holder = f.read().strip() or "another process"
+            f.close()
+            raise ConfigError(f"{pop_dir} is in use by another driver ({holder}); wait for it to end, or stop it "
+                              "with Ctrl-C, before resuming") from None
+        try:
+            mine = os.stat(path).st_ino == os.fstat(f.fileno()).st_ino
+        except FileNotFoundError:
+            mine = False
+        if mine:
+            break
+        f.close()  # a driver that was ending removed the file after this one opened it: lock the next one
+    try:
+        f.seek(0)
+        f.truncate()
+        f.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
+        f.flush()
+        yield
+    finally:
+        path.unlink(missing_ok=True)  # (while still locked: a driver waiting on it then opens a new file)
+        f.close()
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:

@@ -44,7 +44,15 @@ from jaderl.population.ensemble import fuse_runs
 from jaderl.population.member import remote_worker
 from jaderl.population.pbt import check_fits
 from jaderl.population.space import Space, check_not_fixed, explore, parse_space, sample, space_entries
-from jaderl.population.store import copy_run, new_population_dir, population_dir, read_csv, write_csv, write_json
+from jaderl.population.store import (
+    copy_run,
+    driven,
+    new_population_dir,
+    population_dir,
+    read_csv,
+    write_csv,
+    write_json,
+)
 
 STRATEGIES = ("best", "fuse", "fresh")
 FORMAT = 1
@@ -58,12 +66,18 @@ CSV_COLUMNS = ["round", "member", "algo", "origin", "parents", "steps", "score",
 class Leaderboard:
     """The top ``size`` entries by score (higher first), each with a copy of its member's run directory under
     ``root/leaderboard/``; every change is written to ``root/leaderboard.json`` before it returns. Held by a Ray actor
-    (:func:`leaderboard_actor`), so every driver and member of the cluster sees one board."""
+    (:func:`leaderboard_actor`), so every driver and member of the cluster sees one board. An entry's ``run_dir`` is
+    always that copy under ``root`` (a population directory that was moved or copied reads its own copies)."""
 
     def __init__(self, root: str, size: int) -> None:
         self.root, self.size = Path(root), size
         path = self.root / LEADERBOARD_JSON
-        self.entries: list[dict[str, Any]] = json.loads(path.read_text())["entries"] if path.exists() else []
+        saved = json.loads(path.read_text())["entries"] if path.exists() else []
+        self.entries: list[dict[str, Any]] = [{**e, "run_dir": str(self.snapshot(e["name"]))} for e in saved]
+
+    def snapshot(self, name: str) -> Path:
+        """Where the copy of entry ``name``'s run directory is kept."""
+        return self.root / "leaderboard" / name
 
     def insert(self, entry: dict[str, Any], run_dir: str) -> int | None:
         """Insert ``entry`` (with ``name`` and ``score``) by its score; returns its rank (0 is best), or None when it
@@ -71,13 +85,13 @@ class Leaderboard:
         ranked = sorted([*self.entries, entry], key=lambda e: e["score"], reverse=True)
         if entry not in ranked[:self.size]:
             return None
-        snapshot = self.root / "leaderboard" / entry["name"]
+        snapshot = self.snapshot(entry["name"])
         copy_run(Path(run_dir), snapshot)
         kept, dropped = ranked[:self.size], ranked[self.size:]
         self.entries = [{**e, "run_dir": str(snapshot)} if e is entry else e for e in kept]
         write_json(self.root / LEADERBOARD_JSON, {"size": self.size, "entries": self.entries})
         for old in dropped:
-            shutil.rmtree(old.get("run_dir", ""), ignore_errors=True)
+            shutil.rmtree(self.snapshot(old["name"]), ignore_errors=True)
         return kept.index(entry)
 
     def top(self, k: int | None = None) -> list[dict[str, Any]]:
@@ -123,13 +137,15 @@ def tournament(algos: list[str] | str, env: str, *, pool: int = 4, period: int =
     with connected(address, num_cpus) as ray:  # an address that does not answer, or too few resources: no directory
         options = per_member.options(pool, ray.cluster_resources())
         pop_dir = new_population_dir(str(pop_dir), "tournament", "+".join(algos), env, seed)  # (filled meanwhile?)
-        write_json(pop_dir / STATE_JSON, {"format": FORMAT, "algos": algos, "env": env, "pool": pool, "period": period,
-                                          "rounds": rounds, "leaderboard_size": leaderboard_size, "fuse_top": fuse_top,
-                                          "strategy_weights": list(strategy_weights), "seed": seed,
-                                          "space": space or [], "resources": resources, "settings": settings})
-        runner = _Tournament(ray, options, pop_dir, algos, env, spaces, settings, period, fuse_top,
-                             strategy_weights, random.Random(seed), seed)
-        return runner.run(pool, rounds, leaderboard_size, progress)
+        with driven(pop_dir):
+            write_json(pop_dir / STATE_JSON, {"format": FORMAT, "algos": algos, "env": env, "pool": pool,
+                                              "period": period, "rounds": rounds, "leaderboard_size": leaderboard_size,
+                                              "fuse_top": fuse_top, "strategy_weights": list(strategy_weights),
+                                              "seed": seed, "space": space or [], "resources": resources,
+                                              "settings": settings})
+            runner = _Tournament(ray, options, pop_dir, algos, env, spaces, settings, period, fuse_top,
+                                 strategy_weights, random.Random(seed), seed)
+            return runner.run(pool, rounds, leaderboard_size, progress)
 
 
 def resume_tournament(pop_dir: str | Path, *, rounds: int | None = None, pool: int | None = None,
@@ -141,7 +157,17 @@ def resume_tournament(pop_dir: str | Path, *, rounds: int | None = None, pool: i
     train at a time and what each holds (another cluster). The generator's random choices continue from a stream of
     the tournament's seed and the rounds finished."""
     pop_dir = Path(pop_dir).absolute()  # (members' run directories, in processes with another working directory)
+    _read_saved(pop_dir)  # (a directory that holds no tournament: refused before anything is written into it)
+    with driven(pop_dir):  # (another driver of it: refused before Ray starts)
+        return _resume_tournament(pop_dir, rounds, pool, resources, address, num_cpus, progress)
+
+
+def _resume_tournament(pop_dir: Path, rounds: int | None, pool: int | None, resources: str | None,
+                       address: str | None, num_cpus: int | None, progress: Any) -> TournamentResult:
     saved = _read_saved(pop_dir)
+    if rounds is not None and rounds < saved["rounds"]:
+        raise ConfigError(f"--rounds {rounds} is fewer than the tournament's {saved['rounds']}; resume with --rounds "
+                          f"{saved['rounds']} or more")
     rounds = saved["rounds"] if rounds is None else rounds
     pool = saved["pool"] if pool is None else pool
     resources = saved["resources"] if resources is None else resources
@@ -155,17 +181,18 @@ def resume_tournament(pop_dir: str | Path, *, rounds: int | None = None, pool: i
     have = {r["member"] for r in rows}  # a member in the leaderboard but not in tournament.csv: the driver stopped
     rows += [_row(e, rank) for rank, e in enumerate(entries) if e["name"] not in have]  # between the two
     done = {int(r["round"]) for r in rows}
-    if len(done) >= rounds and entries and not (pop_dir / "best").exists():  # it stopped before its last step
-        copy_run(Path(entries[0]["run_dir"]), pop_dir / "best")
-        write_csv(pop_dir / CSV_NAME, CSV_COLUMNS, rows)
-        return TournamentResult(str(pop_dir), len(done), entries[0]["score"], str(pop_dir / "best"), entries, 0.0)
+    kept = {e["name"] for e in entries}  # copies the driver was making (a member's, an entry's) when it stopped
+    leftovers = [p for p in (pop_dir / "leaderboard").glob("*") if p.name not in kept]
+    leftovers += [p for p in (pop_dir / "members").glob("*") if p.suffix in (".tmp", ".old")]
+    for path in leftovers:
+        shutil.rmtree(path, ignore_errors=True)
     if len(done) >= rounds:
+        if entries and (saved.get("best") != entries[0]["name"] or not (pop_dir / "best").exists()):
+            # it stopped before (or while) copying the best entry
+            write_csv(pop_dir / CSV_NAME, CSV_COLUMNS, rows)
+            return _copy_best(pop_dir, entries, rounds, 0.0)
         raise ConfigError(f"{pop_dir} already finished {len(done)} rounds; resume with --rounds larger than "
                           f"{len(done)} to train on")
-    kept = {Path(e["run_dir"]).name for e in entries}  # copies of entries the driver was adding or dropping
-    for snapshot in (pop_dir / "leaderboard").glob("*"):
-        if snapshot.name not in kept:
-            shutil.rmtree(snapshot, ignore_errors=True)
     with connected(address, num_cpus) as ray:
         options = per_member.options(pool, ray.cluster_resources())
         write_json(pop_dir / STATE_JSON, {**saved, "rounds": rounds, "pool": pool, "resources": resources})
@@ -174,6 +201,15 @@ def resume_tournament(pop_dir: str | Path, *, rounds: int | None = None, pool: i
                              weights, random.Random(f"tournament {seed} resumed after {len(done)} rounds"), seed,
                              rows=rows)
         return runner.run(pool, rounds, size, progress)
+
+
+def _copy_best(pop_dir: Path, entries: list[dict[str, Any]], rounds: int, time_s: float) -> TournamentResult:
+    """Copy the leaderboard's first entry to POP_DIR/best and record which entry it is (a resume of a tournament that
+    stopped before the record copies it again)."""
+    copy_run(Path(entries[0]["run_dir"]), pop_dir / "best")
+    if (pop_dir / STATE_JSON).exists():  # (tournament() writes it; a _Tournament driven by itself has none)
+        write_json(pop_dir / STATE_JSON, {**_read_saved(pop_dir), "best": entries[0]["name"]})
+    return TournamentResult(str(pop_dir), rounds, entries[0]["score"], str(pop_dir / "best"), entries, time_s)
 
 
 def _read_saved(pop_dir: Path) -> dict[str, Any]:
@@ -187,8 +223,9 @@ def _read_saved(pop_dir: Path) -> dict[str, Any]:
         raise ConfigError(f"{pop_dir} holds no tournament ({path} is missing or damaged); pass the directory of a "
                           "tournament started with `jaderl tournament`") from None
     if saved.get("format") != FORMAT:
-        raise ConfigError(f"{pop_dir} holds a tournament of format {saved.get('format')}; this jaderl resumes format "
-                          f"{FORMAT}")
+        made = "an older jaderl" if saved.get("format") is None else f"a jaderl of format {saved['format']}"
+        raise ConfigError(f"{pop_dir} holds a tournament that {made} started, which this jaderl (format {FORMAT}) "
+                          "cannot resume; start a new tournament")
     return saved
 
 
@@ -361,9 +398,7 @@ class _Tournament:
             ray.kill(board, no_restart=True)
         if not entries:
             raise PopulationError("no member finished a period with a score; see the members' run directories")
-        copy_run(Path(entries[0]["run_dir"]), self.pop_dir / "best")
-        return TournamentResult(str(self.pop_dir), rounds, entries[0]["score"], str(self.pop_dir / "best"), entries,
-                                round(time.perf_counter() - start, 3))
+        return _copy_best(self.pop_dir, entries, rounds, round(time.perf_counter() - start, 3))
 
     def update(self, board: Any, info: dict[str, Any], result: dict[str, Any], described: dict[str, Any]) -> None:
         """The updater: insert a finished member into the leaderboard by its score; record tournament.csv."""

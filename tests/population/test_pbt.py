@@ -16,6 +16,7 @@ import os
 import random
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -37,6 +38,7 @@ from jaderl.population import pbt, resume_pbt, resume_tournament
 from jaderl.population.cluster import PopulationError
 from jaderl.population.member import Member, Standby
 from jaderl.population.pbt import PBTSettings, split_by_score
+from jaderl.population.store import driven
 from tests.population.fake_ray import Continuing, FakeRay
 
 ray = pytest.importorskip("ray")
@@ -317,7 +319,7 @@ def test_members_run_in_the_population_directory_whatever_their_working_director
     tournament_module.tournament("ppo", ENV, pool=2, run_dir="pops/t", **TINY)
     assert seen["tournament"] == tmp_path / "pops" / "t"
     del seen["tournament"]
-    tournament_module.resume_tournament("pops/t", rounds=3)
+    tournament_module.resume_tournament("pops/t", rounds=41)
     assert seen["tournament"] == tmp_path / "pops" / "t"
 
 
@@ -854,6 +856,12 @@ def test_a_population_directory_in_use_is_refused(population: tuple[Path, dict, 
                                                   capsys: pytest.CaptureFixture[str]) -> None:
     pop_dir, _, _ = population
     assert "continue it with `jaderl pbt --resume`" in _refused(["pbt", "ppo", ENV, "--run-dir", str(pop_dir)], capsys)
+    state = (pop_dir / "population.json").read_text()
+    with driven(pop_dir):  # a driver of it still running: a resume would change its members and files too
+        err = _refused(["pbt", "--resume", str(pop_dir), "--generations", "9"], capsys).strip()
+    assert err == (f"jaderl: error: {pop_dir} is in use by another driver (pid {os.getpid()} on "
+                   f"{socket.gethostname()}); wait for it to end, or stop it with Ctrl-C, before resuming")
+    assert (pop_dir / "population.json").read_text() == state
 
 
 def test_an_address_that_does_not_answer_is_one_sentence(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

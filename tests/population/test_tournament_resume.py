@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import json
+import os
 import shutil
 import sys
 from collections.abc import Iterator
@@ -18,6 +19,7 @@ from jaderl.cli import main
 from jaderl.core.config import ConfigError
 from jaderl.population import resume_tournament, tournament
 from jaderl.population.member import Standby
+from jaderl.population.store import driven
 from tests.population.fake_ray import FakeRay
 
 ENV = "jaderl/CartPole-v1"
@@ -80,8 +82,9 @@ def test_a_resumed_tournament_starts_the_rounds_in_flight_again_and_finishes_eac
     before = _rows(pop_dir)
     assert sorted(int(r["round"]) for r in before) == [0, 1]
     assert (pop_dir / "members" / "t0002").exists()  # the round in flight: started, never finished
-    orphan = pop_dir / "leaderboard" / "t0009"  # a copy the driver was making when it stopped
-    orphan.mkdir()
+    orphans = [pop_dir / "leaderboard" / "t0009", pop_dir / "members" / "t0003.tmp"]  # copies the driver was making
+    for orphan in orphans:
+        orphan.mkdir()
     finished: list[dict[str, Any]] = []
     result = resume_tournament(pop_dir, progress=finished.append)
     rows = _rows(pop_dir)
@@ -92,10 +95,14 @@ def test_a_resumed_tournament_starts_the_rounds_in_flight_again_and_finishes_eac
     assert {r["origin"] for r in rows[2:]} <= {"best", "fuse"}  # the leaderboard of before seeds the new members
     board = _board(pop_dir)
     assert sorted(p.name for p in (pop_dir / "leaderboard").iterdir()) == sorted(e["name"] for e in board)
+    assert not any(orphan.exists() for orphan in orphans)
     assert [e["score"] for e in board] == sorted((float(r["score"]) for r in rows), reverse=True)[:3]
     assert result.best_score == board[0]["score"] and Path(result.best_run_dir, "checkpoint.json").exists()
     with pytest.raises(ConfigError, match="already finished 5 rounds; resume with --rounds larger than 5"):
         resume_tournament(pop_dir)
+    with pytest.raises(ConfigError, match="--rounds 4 is fewer than the tournament's 5; resume with --rounds 5 or "
+                                          "more"):
+        resume_tournament(pop_dir, rounds=4)
     shutil.rmtree(pop_dir / "best")  # as if the driver stopped after the last round, before copying the best entry
     again = resume_tournament(pop_dir)
     assert (again.best_score, again.rounds) == (result.best_score, 5)
@@ -152,12 +159,67 @@ def test_a_round_started_again_does_not_continue_what_its_member_left(fake_ray: 
                                                                           for k in range(3)]
 
 
+def test_a_moved_tournament_resumes_from_its_own_copies(fake_ray: FakeRay, tmp_path: Path) -> None:
+    """leaderboard.json names where each entry's copy was; a moved (or copied) population directory reads and drops
+    the copies inside itself, never those at the old place."""
+    _start(tmp_path / "t", stop_after=2)
+    copied = tmp_path / "copied"
+    shutil.copytree(tmp_path / "t", copied)
+    (tmp_path / "t").rename(tmp_path / "moved")
+    resume_tournament(tmp_path / "moved", rounds=6)
+    board = _board(tmp_path / "moved")
+    assert all(Path(e["run_dir"]).parent == tmp_path / "moved" / "leaderboard" for e in board)
+    assert sorted(p.name for p in (tmp_path / "moved" / "leaderboard").iterdir()) == sorted(e["name"] for e in board)
+    assert sorted(int(r["round"]) for r in _rows(tmp_path / "moved")) == list(range(6))
+    before = sorted(p.name for p in (copied / "leaderboard").iterdir())
+    resume_tournament(copied)  # the copy's entries are its own: the moved one's are not touched
+    assert sorted(p.name for p in (tmp_path / "moved" / "leaderboard").iterdir()) == sorted(e["name"] for e in board)
+    assert before and sorted(p.name for p in (copied / "leaderboard").iterdir()) == \
+        sorted(e["name"] for e in _board(copied))
+
+
+def test_best_is_copied_again_when_the_driver_stopped_before_it(fake_ray: FakeRay, tmp_path: Path) -> None:
+    """A resume with more rounds that stops after its last round, before POP_DIR/best is replaced: the next resume
+    copies the leaderboard's first entry there instead of calling the tournament finished."""
+    pop_dir = tmp_path / "t"
+    tournament("ppo", ENV, pool=2, period=PERIOD, rounds=3, leaderboard_size=3, fuse_top=2,
+               strategy_weights=(1.0, 1.0, 0.0), seed=1, run_dir=str(pop_dir), **TINY)
+
+    def progress(info: dict[str, Any]) -> None:
+        if info["finished"] == 5:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        resume_tournament(pop_dir, rounds=5, progress=progress)
+    result = resume_tournament(pop_dir)
+    top = _board(pop_dir)[0]
+    assert (result.best_score, result.rounds) == (top["score"], 5)
+    assert (pop_dir / "best" / "metrics.csv").read_text() == (Path(top["run_dir"]) / "metrics.csv").read_text()
+    assert json.loads((pop_dir / "tournament.json").read_text())["best"] == top["name"]
+    with pytest.raises(ConfigError, match="already finished 5 rounds"):
+        resume_tournament(pop_dir)
+
+
+def test_a_tournament_in_use_by_another_driver_is_refused(fake_ray: FakeRay, tmp_path: Path) -> None:
+    pop_dir = tmp_path / "t"
+    _start(pop_dir, stop_after=1, rounds=2)
+    in_use = (rf"{pop_dir} is in use by another driver \(pid {os.getpid()} on \S+\); wait for it to end, or stop it "
+              "with Ctrl-C, before resuming")
+    with driven(pop_dir), pytest.raises(ConfigError, match=in_use):  # as a driver still running would hold it
+        resume_tournament(pop_dir)
+    assert len(_rows(pop_dir)) == 1 and not (pop_dir / "driver.lock").exists()
+    (pop_dir / "driver.lock").write_text("pid 1 on elsewhere\n")  # a driver killed with SIGKILL leaves the file
+    resume_tournament(pop_dir)  # ... but not its lock, which went with its process
+    assert len(_rows(pop_dir)) == 2 and not (pop_dir / "driver.lock").exists()
+
+
 def test_resume_refuses_what_it_cannot_continue(fake_ray: FakeRay, tmp_path: Path,
                                                 capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(ConfigError, match=f"{tmp_path} holds no tournament .*tournament.json is missing or damaged"):
         resume_tournament(tmp_path)
     (tmp_path / "tournament.json").write_text(json.dumps({"algos": ["ppo"], "settings": {}}))
-    with pytest.raises(ConfigError, match="holds a tournament of format None; this jaderl resumes format 1"):
+    with pytest.raises(ConfigError, match="holds a tournament that an older jaderl started, which this jaderl "
+                                          r"\(format 1\) cannot resume; start a new tournament"):
         resume_tournament(tmp_path)
 
     def refused(argv: list[str]) -> str:
