@@ -129,7 +129,7 @@ def _add_shared_population_flags(parser: argparse.ArgumentParser) -> None:
                              "lr=loguniform:1e-4:1e-2; default: every mutable hyperparameter over its valid range")
     parser.add_argument("--address", help="join the Ray cluster at this address (default: RAY_ADDRESS, else a local "
                         "Ray sized to this machine)")
-    parser.add_argument("--resources-per-member", dest="resources", default="", metavar="cpu=1,gpu=0.25",
+    parser.add_argument("--resources-per-member", dest="resources", metavar="cpu=1,gpu=0.25",
                         help="Ray resources each member holds (fractions allowed; default: the CPUs shared evenly)")
     parser.add_argument("--set", dest="overrides", metavar="KEY=VALUE", action="append", default=[],
                         help="set a config field of every member, e.g. --set num_envs=8 --set hidden=[64,64]")
@@ -232,7 +232,7 @@ def _pbt(args: argparse.Namespace) -> Any:
             _fail(f"--resume takes the population's settings from POP_DIR; drop {', '.join(given)} (only "
                   "--generations, --resources-per-member and --address may change)")
         return resume_pbt(args.resume, generations=args.generations, address=args.address,
-                          resources=args.resources or None, progress=progress)
+                          resources=args.resources, progress=progress)
     if not (args.algo and args.env):
         _fail("pbt needs ALGO and ENV, e.g. `jaderl pbt ppo jaderl/CartPole-v1`, or --resume POP_DIR")
     settings = _member_settings(args, pbt)
@@ -241,7 +241,7 @@ def _pbt(args: argparse.Namespace) -> Any:
                generations=given(args.generations, 10), seed=given(args.seed, 0), run_dir=args.run_dir,
                space=args.space, quantile=given(args.quantile, 0.25),
                resample_probability=given(args.resample_probability, 0.25), copy_buffer=given(args.copy_buffer, True),
-               resources=args.resources, address=args.address, period_s=args.period_s, progress=progress,
+               resources=given(args.resources, ""), address=args.address, period_s=args.period_s, progress=progress,
                **settings)
 
 
@@ -260,7 +260,7 @@ def _tournament(args: argparse.Namespace) -> Any:
         if given := [flag for flag, value in fixed.items() if value is not None]:
             _fail(f"--resume takes the tournament's settings from POP_DIR; drop {', '.join(given)} (only --rounds, "
                   "--pool, --resources-per-member and --address may change)")
-        return resume_tournament(args.resume, rounds=args.rounds, pool=args.pool, resources=args.resources or None,
+        return resume_tournament(args.resume, rounds=args.rounds, pool=args.pool, resources=args.resources,
                                  address=args.address, progress=progress)
     if not (args.algo and args.env):
         _fail("tournament needs ALGO and ENV, e.g. `jaderl tournament ppo,a2c jaderl/CartPole-v1`, or --resume "
@@ -275,7 +275,7 @@ def _tournament(args: argparse.Namespace) -> Any:
     return tournament(args.algo.split(","), args.env, pool=given(args.pool, 4), period=given(args.period, 20_000),
                       rounds=given(args.rounds, 40), leaderboard_size=given(args.leaderboard_size, 5),
                       fuse_top=args.fuse_top, strategy_weights=weights, seed=given(args.seed, 0),
-                      run_dir=args.run_dir, space=args.space, resources=args.resources, address=args.address,
+                      run_dir=args.run_dir, space=args.space, resources=given(args.resources, ""), address=args.address,
                       progress=progress, **settings)
 
 

@@ -246,3 +246,9 @@ def test_the_command_resumes_a_tournament(fake_ray: FakeRay, tmp_path: Path,
     assert out["rounds"] == 4 and out["population_dir"] == str(pop_dir)
     assert sorted(int(r["round"]) for r in _rows(pop_dir)) == [0, 1, 2, 3]
     assert json.loads((pop_dir / "tournament.json").read_text())["pool"] == 1
+    # resources: kept when not given, set by the flag, and back to the default (CPUs shared evenly) by an empty one
+    for flags, resources in (([], ""), (["--resources-per-member", "cpu=0.5"], "cpu=0.5"), ([], "cpu=0.5"),
+                             (["--resources-per-member", ""], "")):
+        rounds = len(_rows(pop_dir)) + 1
+        assert main(["tournament", "--resume", str(pop_dir), "--rounds", str(rounds), *flags]) == 0
+        assert json.loads((pop_dir / "tournament.json").read_text())["resources"] == resources
