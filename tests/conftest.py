@@ -154,6 +154,21 @@ def _assert_session_ended(session_id: int, timeout_s: float = 5.0) -> None:
     assert not survivors, f"processes of the run's session still alive: {survivors}"
 
 
+@contextlib.contextmanager
+def own_session(command: list[str], cwd: Path) -> Iterator[subprocess.Popen[str]]:
+    """``command`` started in ``cwd`` in a session of its own (its pid the session's and the process group's id), its
+    output piped as text; on leaving, its whole group is killed if it still runs, so that a failed check leaves no
+    process behind."""
+    proc = subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
 @pytest.fixture
 def session_pids() -> Callable[[int], list[int]]:
     """A function listing the pids of the processes in a session (a run started with ``start_new_session=True``

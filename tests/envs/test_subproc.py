@@ -29,6 +29,7 @@ from jaderl.core.config import ConfigError
 from jaderl.envs import make_env
 from jaderl.envs.subproc import SubprocVecEnv
 from jaderl.envs.vec import EnvError, GymnasiumVecEnv
+from tests.conftest import own_session
 
 pytestmark = pytest.mark.usefixtures("no_leftover_processes")
 
@@ -424,7 +425,6 @@ def test_sigterm_to_every_process_of_a_run_stops_it_after_a_last_checkpoint(
     workers; no process of the run is left."""
     import contextlib
     import json
-    import subprocess
     import sys
 
     from jaderl.core.checkpoint import load_checkpoint
@@ -434,9 +434,7 @@ def test_sigterm_to_every_process_of_a_run_stops_it_after_a_last_checkpoint(
                "env_workers=2", "--set", "minibatch_size=64", "--total-steps", "1000000000", "--eval-every", "512",
                "--run-dir", str(run_dir),
                "--json", "--device", "cpu", "--no-zoo"]
-    proc = subprocess.Popen(command, cwd=Path(__file__).resolve().parents[2], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
+    with own_session(command, cwd=Path(__file__).resolve().parents[2]) as proc:
         deadline = time.monotonic() + 60
         while not (run_dir / "metrics.csv").exists() and time.monotonic() < deadline:
             time.sleep(0.1)
@@ -450,10 +448,6 @@ def test_sigterm_to_every_process_of_a_run_stops_it_after_a_last_checkpoint(
         time.sleep(1.0)  # the run steps its workers meanwhile
         os.killpg(proc.pid, signal.SIGTERM)
         out, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
     assert proc.returncode == 130, err  # stopped as on Ctrl-C, not failed
     result = json.loads(out.splitlines()[-1])
     assert result["stop_reason"] == "interrupted"

@@ -40,6 +40,7 @@ from jaderl.parallel import ddp
 from jaderl.parallel.ddp import Learners, average_gradients, train_ddp
 from jaderl.parallel.exits import ENDED_EXIT, stop_on_sigterm
 from jaderl.parallel.fusion import state_tensors
+from tests.conftest import own_session
 
 REPO = Path(__file__).resolve().parents[2]
 ENV = "jaderl/CartPole-v1"
@@ -430,9 +431,7 @@ def test_sigterm_to_a_learner_while_it_starts_stops_the_run_once_it_can(
             result = jaderl.train("ppo", {ENV!r}, total_steps=1024, run_dir={str(run_dir)!r}, **{TINY_PPO!r})
             print(result.stop_reason, result.steps)
     """))
-    proc = subprocess.Popen([sys.executable, str(script)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
-    try:
+    with own_session([sys.executable, str(script)], cwd=REPO) as proc:
         deadline = time.monotonic() + 60
         while len(learners := [int(p.name) for p in starting.iterdir()]) < 2 and time.monotonic() < deadline:
             time.sleep(0.01)
@@ -440,10 +439,6 @@ def test_sigterm_to_a_learner_while_it_starts_stops_the_run_once_it_can(
         os.kill(min(learners), signal.SIGTERM)  # to one learner only; both wait for the `sent` file to go on
         sent.touch()
         out, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
     assert proc.returncode == 0, err
     assert out.splitlines()[-1] == "stop_file 256", err  # the first step (2 learners x 4 envs x 32), not 1024
     assert _assert_learners_identical(run_dir) == 256
@@ -582,9 +577,7 @@ def test_cli_sigterm_to_the_process_group_checkpoints_at_the_stop_step(
     tiny[tiny.index("--checkpoint-every") + 1] = "1000000000"
     command = [sys.executable, "-m", "jaderl.cli", "train", "ppo", ENV, "--learners", "2", "--total-steps",
                "1000000000", "--run-dir", str(run_dir), "--json", *tiny]
-    proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    try:
+    with own_session(command, cwd=REPO) as proc:
         deadline = time.monotonic() + 120
         metrics = run_dir / "metrics.csv"
         while not (metrics.exists() and len(metrics.read_text().splitlines()) > 2) and time.monotonic() < deadline:
@@ -592,10 +585,6 @@ def test_cli_sigterm_to_the_process_group_checkpoints_at_the_stop_step(
         assert proc.poll() is None, proc.communicate()
         os.killpg(proc.pid, signal.SIGTERM)
         out, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
     assert proc.returncode == 130, err  # stopped from outside, as by Ctrl-C, after its last checkpoint
     result = json.loads(out.splitlines()[-1])
     assert result["stop_reason"] == "interrupted" and result["steps"] > 0

@@ -11,7 +11,6 @@ import json
 import multiprocessing as mp
 import os
 import signal
-import subprocess
 import sys
 import textwrap
 import threading
@@ -32,6 +31,7 @@ from jaderl.core.config import ConfigError
 from jaderl.envs import make_env
 from jaderl.envs.vec import VecEnv
 from jaderl.parallel.pipeline import POLL_S, WORKER_SEED_STRIDE, WorkerError, _Pipeline, train_pipeline
+from tests.conftest import own_session
 
 pytestmark = pytest.mark.usefixtures("no_leftover_processes")
 
@@ -153,18 +153,12 @@ def test_cli_ctrl_c_checkpoints_and_leaves_no_process(tmp_path: Path, session_en
     command = [sys.executable, "-m", "jaderl.cli", "train", "sac", "Pendulum-v1", "--workers", "2",
                "--total-steps", "1000000000", "--run-dir", str(run_dir), "--eval-every", "128", "--json",
                "--set", "horizon=16", "--set", "warmup_steps=64", "--set", "hidden=[16,16]", "--device", "cpu"]
-    proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    try:
+    with own_session(command, cwd=REPO) as proc:
         deadline = time.monotonic() + 60
         while not ((run_dir / "metrics.csv").exists() and _rows(run_dir)) and time.monotonic() < deadline:
             time.sleep(0.1)
         os.killpg(proc.pid, signal.SIGINT)
         out, err = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
     assert proc.returncode == 130, err  # stopped by Ctrl-C, after its last checkpoint
     assert json.loads(out.splitlines()[-1])["stop_reason"] == "interrupted"
     assert load_checkpoint(run_dir)["agent"]["counters"]["steps"] > 0
@@ -184,9 +178,7 @@ def test_cli_sigterm_stops_the_run_after_a_last_checkpoint(to: str, tmp_path: Pa
     command = [sys.executable, "-m", "jaderl.cli", "train", "sac", "Pendulum-v1", "--workers", "2",
                "--total-steps", "1000000000", "--run-dir", str(run_dir), "--eval-every", "128", "--json",
                "--set", "horizon=16", "--set", "warmup_steps=64", "--set", "hidden=[16,16]", "--device", "cpu"]
-    proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    try:
+    with own_session(command, cwd=REPO) as proc:
         deadline = time.monotonic() + 60
         while not ((run_dir / "metrics.csv").exists() and _rows(run_dir)) and time.monotonic() < deadline:
             time.sleep(0.1)
@@ -198,10 +190,6 @@ def test_cli_sigterm_stops_the_run_after_a_last_checkpoint(to: str, tmp_path: Pa
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(pid, signal.SIGTERM)
         out, err = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
     assert proc.returncode == (130 if to == "group" else 0), err
     result = json.loads(out.splitlines()[-1])
     assert result["stop_reason"] == ("interrupted" if to == "group" else "stop_file")
@@ -231,18 +219,12 @@ def test_ctrl_c_while_the_children_start_stops_the_run_as_usual(tmp_path: Path) 
                                   **{SMALL_SAC!r})
             print(result.stop_reason)
     """))
-    proc = subprocess.Popen([sys.executable, str(script)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
-    try:
+    with own_session([sys.executable, str(script)], cwd=REPO) as proc:
         deadline = time.monotonic() + 60
         while not marker.exists() and time.monotonic() < deadline:
             time.sleep(0.02)
         os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C: to every process of the group
         out, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
     assert proc.returncode == 0, err
     assert out.splitlines()[-1] == "interrupted"
     assert (tmp_path / "run" / "checkpoint.json").exists()
@@ -275,9 +257,7 @@ def test_sigterm_to_a_child_while_it_starts_stops_the_run_once_it_can(
             result = jaderl.train("sac", "Pendulum-v1", total_steps=1024, run_dir={str(run_dir)!r}, **{SMALL_SAC!r})
             print(result.stop_reason, result.steps)
     """))
-    proc = subprocess.Popen([sys.executable, str(script)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
-    try:
+    with own_session([sys.executable, str(script)], cwd=REPO) as proc:
         deadline = time.monotonic() + 60
         while len(children := dict(p.name.rsplit("-", 1) for p in starting.iterdir())) < 3 and \
                 time.monotonic() < deadline:
@@ -286,10 +266,6 @@ def test_sigterm_to_a_child_while_it_starts_stops_the_run_once_it_can(
         os.kill(int(children["jaderl-explorer1"]), signal.SIGTERM)  # to one child only; all wait for `sent` to go on
         sent.touch()
         out, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
     assert proc.returncode == 0, err
     stop_reason, steps = out.splitlines()[-1].split()
     assert stop_reason == "stop_file", f"the SIGTERM was lost\n{err}"
