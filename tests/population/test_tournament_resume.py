@@ -66,7 +66,7 @@ def _start(pop_dir: Path, stop_after: int, rounds: int = 5, weights: tuple[float
 
 
 def _check_lineage(rows: list[dict[str, str]]) -> None:
-    """Each round once; a fresh member trained one period, a continued one a period on top of its parent's steps."""
+    """A fresh member trained one period, and a continued one a period on top of its parent's steps."""
     by_name = {r["member"]: r for r in rows}
     for row in rows:
         if row["origin"] == "fresh":
