@@ -35,7 +35,6 @@ import ctypes
 import dataclasses
 import json
 import math
-import multiprocessing.resource_tracker
 import os
 import queue as queue_module
 import shutil
@@ -63,9 +62,8 @@ from jaderl.parallel.exits import (
     END_SIGNAL,
     ENDED_EXIT,
     SIGTERM_EXIT,
+    children_starting,
     describe_exit,
-    signals_blocked,
-    signals_ignored,
     stop_on_sigterm,
 )
 from jaderl.parallel.fusion import all_reduce_mean_, state_tensors
@@ -404,11 +402,8 @@ def train_ddp(config: Config, agent_cls: type[Agent], resume: bool = False,
                  for rank in range(config.learners)]
     setup_failed = False
     try:
-        # the learners inherit the ignored SIGINT and SIGTERM from their first instruction, SIGTERM blocked too: one
-        # sent to a learner while it starts waits until it installs its handler (stop_on_sigterm), then asks for a
-        # stop; the parent's own asks at once. The resource tracker runs first, as starting it would unblock SIGTERM.
-        multiprocessing.resource_tracker.ensure_running()
-        with signals_ignored(signal.SIGINT, signal.SIGTERM), signals_blocked(signal.SIGTERM):
+        # a SIGTERM to a learner while it starts asks for a stop once it can; the parent's own asks at once
+        with children_starting():
             for p in processes:
                 p.start()
         return _watch(processes, messages, run_dir, progress)

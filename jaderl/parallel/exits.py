@@ -83,6 +83,20 @@ def signals_blocked(*signums: signal.Signals) -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
+@contextlib.contextmanager
+def children_starting() -> Iterator[None]:
+    """Where the process-parallel modes start their children (``spawn`` processes, or the ``forkserver`` server that
+    forks them): the children ignore SIGINT (the parent decides) and SIGTERM from their first instruction, with SIGTERM
+    blocked too (:func:`signals_ignored`, :func:`signals_blocked`), so one sent to a child while it starts waits
+    until it installs its handler (:func:`stop_on_sigterm`), then asks for a stop. Multiprocessing's resource tracker
+    is started first, as starting it inside the block would unblock SIGTERM."""
+    import multiprocessing.resource_tracker
+
+    multiprocessing.resource_tracker.ensure_running()
+    with signals_ignored(signal.SIGINT, signal.SIGTERM), signals_blocked(signal.SIGTERM):
+        yield
+
+
 def describe_exit(code: int) -> str:
     """How a child that reported no error ended, from its exit code, as the end of a sentence naming it."""
     if code == SIGTERM_EXIT:

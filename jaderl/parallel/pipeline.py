@@ -34,7 +34,6 @@ import contextlib
 import dataclasses
 import math
 import multiprocessing.forkserver
-import multiprocessing.resource_tracker
 import os
 import queue
 import signal
@@ -53,7 +52,7 @@ from jaderl.core.agent import Agent
 from jaderl.core.config import Config, ConfigError
 from jaderl.core.loop import PeerError, Trainer, TrainingError, TrainResult
 from jaderl.envs import EnvSpec, make_env
-from jaderl.parallel.exits import END_SIGNAL, describe_exit, signals_blocked, signals_ignored, stop_on_sigterm
+from jaderl.parallel.exits import END_SIGNAL, children_starting, describe_exit, stop_on_sigterm
 
 POLL_S = 0.5
 """How often a waiting process checks on the others (seconds)."""
@@ -256,10 +255,8 @@ class _Pipeline:
         # it ignores SIGTERM too, so that one sent to the whole process group asks each child for a stop
         # (stop_on_sigterm) and does not end the server, whose end would leave every child's exit code unknown (255).
         # It keeps SIGTERM blocked as well, and its children start so: one sent to a child while it starts waits until
-        # the child installs its handler, then asks for a stop. The resource tracker runs first, as starting it would
-        # unblock SIGTERM here.
-        multiprocessing.resource_tracker.ensure_running()
-        with signals_ignored(signal.SIGINT, signal.SIGTERM), signals_blocked(signal.SIGTERM):
+        # the child installs its handler, then asks for a stop.
+        with children_starting():
             multiprocessing.forkserver.ensure_running()
         for process in self.processes.values():
             process.start()
