@@ -199,34 +199,88 @@ def test_the_cpu_tanh_form_is_measured_once_or_set_by_the_environment(monkeypatc
         assert isinstance(accel.sigmoid_tanh_is_faster(), bool)
 
 
-def test_a_linear_layer_and_its_tanh_run_as_one_with_the_same_values(sigmoid_tanh: bool,
-                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    """Where the CPU's tanh takes the sigmoid form, a tanh MLP's linear layers and their Tanh run as one autograd
-    function (the doubling in the matrix product): the outputs are bit for bit those of the layers one by one, the
-    gradients equal up to rounding; elsewhere, and for a layer with a hook, the layers run one by one."""
+def _counting_tanh_mlp(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """A list that gets a 1 each time a network runs as one :class:`accel._TanhMLP`."""
+    applied: list[int] = []
+    apply = accel._TanhMLP.apply
+    monkeypatch.setattr(accel._TanhMLP, "apply", lambda *args: applied.append(1) or apply(*args))
+    return applied
+
+
+@pytest.mark.parametrize("outputs", [8, 5], ids=["wide-output", "narrow-output"])
+def test_a_tanh_mlp_runs_as_one_autograd_function_with_the_same_values(sigmoid_tanh: bool, outputs: int,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tanh MLP runs as one autograd function in both of the CPU tanh's forms: its outputs are bit for bit those of
+    the layers one by one, except that a narrow output layer's product (W h^T) may round differently; the gradients
+    of the weights, the biases and an input that needs one (an actor's output into a critic) equal theirs up to
+    rounding; acting's values (no gradients) are bit for bit those of training, also for a batch small enough that
+    :class:`Tanh` takes another form with gradients than without. Under autocast, or with a hook on a layer, the
+    layers run one by one."""
     monkeypatch.setattr(accel, "block_bytes", lambda: 2**62)  # one block, as the reference computes
-    fused: list[int] = []
-    apply = accel._LinearSigmoidTanh.apply
-    monkeypatch.setattr(accel._LinearSigmoidTanh, "apply", lambda *args: fused.append(1) or apply(*args))
+    applied = _counting_tanh_mlp(monkeypatch)
     torch.manual_seed(0)
-    net = mlp([21, 64, 64, 5], torch.nn.Tanh)
+    net = mlp([21, 64, 64, outputs], torch.nn.Tanh)
     x = torch.randn(4096, 21)
     out = net(x)
     reference = torch.nn.Sequential.forward(net, x)  # the layers one by one
-    assert torch.equal(out, reference) and len(fused) == (2 if sigmoid_tanh else 0)
+    assert applied == [1] and out.shape == (4096, outputs)
+    if outputs >= accel.NARROW_OUTPUT:
+        assert torch.equal(out, reference)
+    else:
+        assert torch.allclose(out, reference, rtol=0, atol=1e-6)
     grads = torch.autograd.grad(out.square().sum(), list(net.parameters()))
     for grad, expected in zip(grads, torch.autograd.grad(reference.square().sum(), list(net.parameters())),
                               strict=True):
-        assert torch.allclose(grad, expected, rtol=1e-5, atol=1e-6)
-    with torch.no_grad():  # acting: the same values, in place
-        assert torch.equal(net(x), reference.detach())
-    x_grad = x.clone().requires_grad_()  # an input that needs its gradient (an actor's output into a critic)
+        assert grad.shape == expected.shape and torch.allclose(grad, expected, rtol=1e-5, atol=1e-5)
+    with torch.no_grad():  # acting: the same values as training's forward pass
+        assert torch.equal(net(x), out.detach())
+    small = x[:512]  # 32,768 elements a hidden layer: the same form of tanh with gradients as without
+    trained = net(small)
+    with torch.no_grad():
+        assert torch.equal(net(small), trained.detach())
+    x_grad = x.clone().requires_grad_()
     (expected,) = torch.autograd.grad(torch.nn.Sequential.forward(net, x_grad).sum(), x_grad)
     assert torch.allclose(torch.autograd.grad(net(x_grad).sum(), x_grad)[0], expected, rtol=1e-5, atol=1e-6)
-    fused.clear()
+    applied.clear()
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # the layers one by one, as autocast casts them
+        assert net(x).dtype == torch.bfloat16 and not applied
     calls: list[int] = []
     net[2].register_forward_hook(lambda layer, args, output: calls.append(1))
-    assert torch.equal(net(x), reference) and calls == [1] and len(fused) == (1 if sigmoid_tanh else 0)
+    assert torch.equal(net(x), reference) and calls == [1] and not applied
+
+
+def test_a_tanh_mlp_in_blocks_computes_the_function_and_gradients_of_the_layers(
+        sigmoid_tanh: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Blocks of 1,024 rows: the backward pass goes through the blocks and accumulates the gradients of every layer,
+    the widening ones (more outputs than inputs) too, and can be taken twice from a kept graph; any leading shape,
+    and an empty batch. A network whose layers are replaced after its first calls is checked again."""
+    monkeypatch.setenv("JADERL_BLOCK_BYTES", str(1024 * 64 * 4))
+    accel.block_bytes.cache_clear()
+    try:
+        applied = _counting_tanh_mlp(monkeypatch)
+        torch.manual_seed(0)
+        net = mlp([7, 64, 16, 64, 3], torch.nn.Tanh)  # widening, narrowing, widening and a narrow output
+        x = torch.randn(4, 1000, 7, requires_grad=True)  # 4,000 rows: 4 blocks
+        out = net(x)
+        assert applied == [1] and out.shape == (4, 1000, 3)
+        reference = torch.nn.Sequential.forward(net, x)
+        assert torch.allclose(out, reference, rtol=0, atol=1e-6)
+        weights = torch.randn(4, 1000, 3)  # a gradient at the output that differs row by row
+        grads = torch.autograd.grad((out * weights).sum(), [x, *net.parameters()], retain_graph=True)
+        again = torch.autograd.grad((out * weights).sum(), [x, *net.parameters()])  # the graph kept: the same
+        assert all(torch.equal(a, b) for a, b in zip(again, grads, strict=True))
+        expected = torch.autograd.grad((reference * weights).sum(), [x, *net.parameters()])
+        for grad, want in zip(grads, expected, strict=True):  # sums over 4,000 rows: up to rounding of their scale
+            assert grad.shape == want.shape and torch.allclose(grad, want, rtol=1e-4, atol=1e-5 * want.abs().max())
+        empty = net(torch.empty(0, 7, requires_grad=True))
+        assert empty.shape == (0, 3)
+        empty.sum().backward()
+        assert all(p.grad is not None and not p.grad.any() for p in net.parameters())
+        applied.clear()
+        net[1] = torch.nn.ReLU()  # a layer replaced after the first calls: no longer a tanh MLP
+        assert torch.equal(net(x[:1]), torch.nn.Sequential.forward(net, x[:1])) and not applied
+    finally:
+        accel.block_bytes.cache_clear()
 
 
 def test_on_policy_networks_use_the_cpu_tanh() -> None:
