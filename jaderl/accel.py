@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
+from torch.autograd import forward_ad
 
 if TYPE_CHECKING:
     from jaderl.core.agent import Agent
@@ -312,8 +313,9 @@ class CacheBlocked(nn.Sequential):
     and code being compiled or exported run unblocked.
 
     A float32 tanh MLP (jaderl's on-policy networks: :func:`_tanh_mlp_layers`) runs as one autograd function,
-    :class:`_TanhMLP`, forward and backward block by block. Its hidden values are bit for bit those of the layers one
-    by one without gradients, with gradients or without, and its outputs and gradients equal theirs up to rounding.
+    :class:`_TanhMLP`, forward and backward block by block. Its hidden values are bit for bit those of its layers one
+    by one on each block without gradients, with gradients or without, and its outputs and gradients equal theirs up
+    to rounding.
     Other networks (ReLU MLPs, a layer with a hook, mixed precision) run their layers one by one on each block, and
     their weight gradients are summed block by block (equal up to rounding)."""
 
@@ -353,8 +355,8 @@ class CacheBlocked(nn.Sequential):
 def _tanh_mlp_layers(net: CacheBlocked, x: torch.Tensor) -> list[nn.Linear] | None:
     """The linear layers of ``net`` when it is a tanh MLP that :class:`_TanhMLP` computes, for float32 rows ``x``
     (B, in) on the CPU: ``Linear, Tanh, ..., Linear, Tanh, Linear`` (at least one :class:`Tanh`), plain float32
-    ``nn.Linear`` layers with biases, no module has hooks or a mixed-precision forward and no autocast is on; None
-    otherwise."""
+    ``nn.Linear`` layers with biases, no module has hooks or a mixed-precision forward, and no autocast, ``torch.func``
+    transform or forward-mode AD is on; None otherwise."""
     layers = tuple(net._modules.values())
     if net.tanh_linears is None or net.tanh_linears[0] != layers:  # the layers' kinds, once for these layers
         mlp = (len(layers) >= 3 and len(layers) % 2 == 1
@@ -363,9 +365,12 @@ def _tanh_mlp_layers(net: CacheBlocked, x: torch.Tensor) -> list[nn.Linear] | No
         net.tanh_linears = (layers, list(layers[0::2]) if mlp else [])
     linears = net.tanh_linears[1]
     if (not linears or x.dtype != torch.float32 or torch.is_autocast_enabled("cpu")
+            or torch._C._functorch.maybe_current_level() is not None  # torch.func transforms (vmap, grad, ...)
+            or forward_ad._current_level >= 0  # forward-mode AD: the layers one by one have their jvp
             or any(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks
                    or "forward" in vars(m) for m in layers)
-            or any(m.weight.dtype != torch.float32 or m.bias.dtype != torch.float32 for m in linears)):
+            or any(m.bias is None or m.weight.dtype != torch.float32 or m.bias.dtype != torch.float32
+                   for m in linears)):
         return None
     return linears
 
@@ -378,10 +383,10 @@ def _tanh_mlp_forward(x: torch.Tensor, blocks: int, weights: tuple[torch.Tensor,
     the sigmoid form (:func:`sigmoid_tanh_is_faster`), 2 sigmoid(2 z) - 1 with the doubling in the product (exact in
     floating point) and the other steps in place, for blocks of at least ``FAST_TANH_MIN_NOGRAD`` elements, with or
     without gradients (there is no autograd function per layer to pay for); otherwise ``tanh_`` in place. Acting and
-    training therefore compute the same values, bit for bit those of the layers one by one with no gradients
-    (:class:`Tanh`). A narrow output layer (:data:`NARROW_OUTPUT`) computes W h^T and transposes it: the same dot
-    products, which may round differently from ``nn.Linear``'s h W^T. ``saved`` (when given) gets every
-    block's layer inputs, for the backward pass."""
+    training therefore compute the same values, bit for bit those of the layers one by one on each block with no
+    gradients (:class:`Tanh` decides by the size of the tensor it is given). A narrow output layer
+    (:data:`NARROW_OUTPUT`) computes W h^T and transposes it: the same dot products, which may round differently from
+    ``nn.Linear``'s h W^T. ``saved`` (when given) gets every block's layer inputs, for the backward pass."""
     out = x.new_empty(x.shape[0], weights[-1].shape[0])
     sigmoid_form = sigmoid_tanh_is_faster()
     start = 0
@@ -424,6 +429,10 @@ class _TanhMLP(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        if torch.is_grad_enabled():  # create_graph=True: these gradients would have no graph of their own
+            raise RuntimeError("jaderl's tanh MLP (jaderl.accel.CacheBlocked) has no second derivatives, which "
+                               "create_graph=True asks for; run its layers one by one for that, as "
+                               "torch.nn.Sequential.forward(net, x)")
         needs = ctx.needs_input_grad  # x, blocks, then every layer's weight and bias
         layers = (len(needs) - 2) // 2
         weights, saved = ctx.saved_tensors[:layers], ctx.saved_tensors[layers:]
@@ -436,10 +445,12 @@ class _TanhMLP(torch.autograd.Function):
         rows, width = max(len(block[0]) for block in inputs), max(w.shape[1] for w in weights[1:])
         scratch = [grad.new_empty(rows * width), grad.new_empty(rows * width)]
         input_grad = grad.new_empty(grad.shape[0], weights[0].shape[1]) if needs[0] else None
+        # down to the lowest layer with a parameter that needs its gradient (the input layer when x needs one)
+        stop = 0 if needs[0] else min(i for i in range(layers) if needs[2 + 2 * i] or needs[3 + 2 * i])
         start = 0
         for g, block_inputs in zip(grad.contiguous().tensor_split(ctx.blocks), inputs, strict=True):
             n = g.shape[0]
-            for i in range(last, -1, -1):
+            for i in range(last, stop - 1, -1):
                 if i < last:  # through the tanh, from its output (the next layer's input), in place
                     torch.ops.aten.tanh_backward.grad_input(g, block_inputs[i + 1], grad_input=g)
                 weight, h, acc = weights[i], block_inputs[i], weight_grads[i]
@@ -448,7 +459,7 @@ class _TanhMLP(torch.autograd.Function):
                     weight_grads[i] = a.mm(b) if acc is None else acc.addmm_(a, b)
                 if needs[3 + 2 * i]:
                     bias_grads[i] = g.sum(0) if bias_grads[i] is None else bias_grads[i].add_(g.sum(0))
-                if i > 0:
+                if i > stop:
                     g = torch.mm(g, weight, out=scratch[i % 2][:n * weight.shape[1]].view(n, weight.shape[1]))
                 elif input_grad is not None:
                     torch.mm(g, weight, out=input_grad[start:start + n])

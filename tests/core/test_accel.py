@@ -283,6 +283,45 @@ def test_a_tanh_mlp_in_blocks_computes_the_function_and_gradients_of_the_layers(
         accel.block_bytes.cache_clear()
 
 
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")  # torch.func's own
+def test_a_tanh_mlp_leaves_to_the_layers_what_its_function_does_not_support(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch.func transforms, forward-mode AD and a bias removed after the first call run the layers one by one; a
+    gradient of the function's gradients (create_graph=True) raises, in a sentence that gives the way, instead of
+    silently losing its second-order terms; with only the output layer trainable, its gradients are those of the
+    layers one by one."""
+    import torch.autograd.forward_ad as fwAD
+
+    applied = _counting_tanh_mlp(monkeypatch)
+    torch.manual_seed(0)
+    net = mlp([7, 64, 64, 3], torch.nn.Tanh)
+    x = torch.randn(300, 7)
+    reference = torch.nn.Sequential.forward(net, x)
+    batched = torch.func.vmap(net)(x.view(3, 100, 7))
+    assert torch.allclose(batched.reshape(300, 3), reference, atol=1e-6) and not applied
+    grad_x = torch.func.grad(lambda inputs: net(inputs).sum())(x)
+    assert grad_x.shape == x.shape and not applied
+    with fwAD.dual_level():
+        out = net(fwAD.make_dual(x, torch.ones_like(x)))
+        assert fwAD.unpack_dual(out).tangent is not None and not applied
+    net(x)
+    assert applied == [1]  # the function again
+    for p in net[:3].parameters():  # only the output layer trains: the backward pass stops there
+        p.requires_grad_(False)
+    head = torch.autograd.grad(net(x).square().sum(), list(net[4].parameters()))
+    expected = torch.autograd.grad(torch.nn.Sequential.forward(net, x).square().sum(), list(net[4].parameters()))
+    assert all(torch.allclose(a, b, rtol=1e-5, atol=1e-5) for a, b in zip(head, expected, strict=True))
+    net.requires_grad_(True)
+    x_grad = torch.nn.Linear(7, 7)(x)  # an input with a graph behind it
+    with pytest.raises(RuntimeError, match=r"has no second derivatives, which create_graph=True asks for; run its "
+                                           r"layers one by one for that"):
+        torch.autograd.grad(net(x_grad).sum(), x_grad, create_graph=True)
+    (first,) = torch.autograd.grad(torch.nn.Sequential.forward(net, x_grad).sum(), x_grad, create_graph=True)
+    assert first.requires_grad  # the way the message gives
+    applied.clear()
+    net[2].bias = None  # after the first calls
+    assert torch.allclose(net(x), torch.nn.Sequential.forward(net, x)) and not applied
+
+
 def test_on_policy_networks_use_the_cpu_tanh() -> None:
     assert isinstance(mlp([3, 8, 1])[1], torch.nn.ReLU)  # (nn.Tanh becomes Tanh: tests/core/test_nets.py)
     agent, _ = _agent(PPO, "ppo", "jaderl/Pendulum-v1", False)
