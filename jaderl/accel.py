@@ -313,11 +313,10 @@ class CacheBlocked(nn.Sequential):
     and code being compiled or exported run unblocked.
 
     A float32 tanh MLP (jaderl's on-policy networks: :func:`_tanh_mlp_layers`) runs as one autograd function,
-    :class:`_TanhMLP`, forward and backward block by block. Its hidden values are bit for bit those of its layers one
-    by one on each block without gradients, with gradients or without, and its outputs and gradients equal theirs up
-    to rounding.
-    Other networks (ReLU MLPs, a layer with a hook, mixed precision) run their layers one by one on each block, and
-    their weight gradients are summed block by block (equal up to rounding)."""
+    :class:`_TanhMLP`, forward and backward block by block. Its hidden values, with gradients or without, are bit for
+    bit those that its layers compute one by one on each block without gradients, and its outputs and gradients
+    equal theirs up to rounding. Other networks (ReLU MLPs, a layer with a hook, mixed precision) run their layers
+    one by one on each block, and their weight gradients are summed block by block (equal up to rounding)."""
 
     max_rows: int | None = None
     """Rows of float32 activations of the widest layer that fit :func:`block_bytes` (set at the first call)."""
@@ -333,7 +332,7 @@ class CacheBlocked(nn.Sequential):
             width = max((m.out_features for m in self if isinstance(m, nn.Linear)), default=1)
             self.max_rows = max(1, block_bytes() // (4 * width))
         rows = x.numel() // x.shape[-1]
-        if rows < NARROW_OUTPUT_MIN_ROWS and not torch.is_grad_enabled():
+        if rows < NARROW_OUTPUT_MIN_ROWS and rows <= self.max_rows and not torch.is_grad_enabled():
             # acting on a few sub-envs: the layers one by one, with less overhead and the values of _tanh_mlp_forward
             return super().forward(x)
         flat = x.reshape(rows, x.shape[-1])
