@@ -477,7 +477,8 @@ against 72-85 us for h W^T on an AMD EPYC core (17 us against 19 us for 256 rows
 A single output unit (a value) is a matrix-vector product, faster as h W^T."""
 NARROW_OUTPUT_MIN_ROWS = 256
 """Rows from which a narrow output layer takes W h^T (below, h W^T is as fast or faster); below it, a tanh MLP acting
-without gradients runs its layers one by one (the same values as :func:`_tanh_mlp_forward`, less overhead)."""
+without gradients on rows that make one block runs its layers one by one (the same values as
+:func:`_tanh_mlp_forward`, less overhead)."""
 
 
 @functools.cache
