@@ -976,7 +976,8 @@ def test_tournament_of_two_algorithms(local_ray: None, tmp_path: Path) -> None:
             assert int(row["steps"]) == int(parent["steps"]) + 128
         elif row["origin"] == "fuse":
             assert len(row["parents"].split()) == 2
-    assert {r["origin"] for r in rows[2:]} <= {"best", "fuse"}
+    # (by round, not by row: a continued member in a warm process may finish before a fresh one that started first)
+    assert {r["origin"] for r in rows if int(r["round"]) >= 2} <= {"best", "fuse"}
     # a finished member's process trains the next member (torch imported once): 4 rounds in the pool's 2 processes
     assert len({info["pid"] for info in finished}) == 2 and None not in {info["pid"] for info in finished}
     board = json.loads((tmp_path / "t" / "leaderboard.json").read_text())
