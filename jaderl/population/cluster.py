@@ -95,6 +95,14 @@ def check_reachable(address: str, timeout_s: float = 5.0) -> None:
                           "`ray start --head` or check the address and the firewall") from None
 
 
+def process_gone(ray: Any) -> tuple[type[BaseException], ...]:
+    """The errors with which ``ray.get`` says that an actor's process is gone: it died or was killed
+    (``RayActorError``), Ray's memory monitor killed it (``OutOfMemoryError``, which is not a ``RayActorError``), or
+    its node died (``NodeDiedError``)."""
+    names = ("RayActorError", "OutOfMemoryError", "NodeDiedError")
+    return tuple(getattr(ray.exceptions, name) for name in names if hasattr(ray.exceptions, name))
+
+
 @contextlib.contextmanager
 def connected(address: str | None = None, num_cpus: int | None = None) -> Iterator[Any]:
     """Ray for the block: join ``address`` (or ``RAY_ADDRESS``), reuse a Ray this process already started, or start a

@@ -33,7 +33,7 @@ from jaderl.core.config import Config, ConfigError
 from jaderl.core.loop import TrainingError, check_spec
 from jaderl.envs import make_env
 from jaderl.envs.vec import EnvSpec
-from jaderl.population.cluster import PopulationError, Resources, connected
+from jaderl.population.cluster import PopulationError, Resources, connected, process_gone
 from jaderl.population.member import remote_member, remote_standby
 from jaderl.population.space import Space, check_not_fixed, explore, parse_space, sample, space_entries
 from jaderl.population.store import (
@@ -217,6 +217,11 @@ def _resume_pbt(pop_dir: Path, generations: int | None, address: str | None, num
         config.resources = resources
         state["settings"]["resources"] = resources
     parsed = config.validate()
+    ranked = state.get("ranked")
+    if (state["generation"] >= config.generations and state.get("best_generation") != state["generation"]
+            and ranked is not None and ranked["generation"] == state["generation"] - 1):
+        # the driver stopped after committing the last generation, before copying its best member: copy it now
+        return _copy_best(pop_dir, state, ranked["scores"], 0.0)
     if state["generation"] >= config.generations:
         raise ConfigError(f"{pop_dir} already finished {state['generation']} generations; resume with --generations "
                           f"larger than {state['generation']} to train on")
@@ -226,6 +231,16 @@ def _resume_pbt(pop_dir: Path, generations: int | None, address: str | None, num
     with connected(address, num_cpus) as ray:
         options = Resources.parse(config.resources).options(config.members, ray.cluster_resources())
         return _Controller(pop_dir, config, parsed, state).run(ray, options, progress)
+
+
+def _copy_best(pop_dir: Path, state: dict[str, Any], scores: list[float], time_s: float) -> PBTResult:
+    """Copy the best-scoring member of the last generation to POP_DIR/best and record in the saved state that the
+    copy is that of this generation (a resume of a finished population whose copy is missing or older makes it)."""
+    best = max(range(len(scores)), key=lambda k: scores[k])
+    best_dir = pop_dir / "best"
+    copy_run(member_dir(pop_dir, best), best_dir)
+    write_json(pop_dir / STATE_JSON, {**state, "best_generation": state["generation"]})
+    return PBTResult(str(pop_dir), state["generation"], best, scores[best], str(best_dir), time_s)
 
 
 class _Controller:
@@ -260,11 +275,7 @@ class _Controller:
             for actor in [*self.actors, self.standby]:
                 if actor is not None:
                     ray.kill(actor, no_restart=True)
-        best = max(range(len(scores)), key=lambda k: scores[k])
-        best_dir = self.pop_dir / "best"
-        copy_run(member_dir(self.pop_dir, best), best_dir)
-        return PBTResult(str(self.pop_dir), self.config.generations, best, scores[best], str(best_dir),
-                         round(time.perf_counter() - start, 3))
+        return _copy_best(self.pop_dir, self.state, scores, round(time.perf_counter() - start, 3))
 
     def _start(self, k: int) -> Any:
         """Member ``k`` from its checkpoint, or afresh with its sampled hyperparameters when it has none yet."""
@@ -276,7 +287,7 @@ class _Controller:
         while True:
             try:
                 return dict(self.ray.get(self.actors[k].describe.remote()))
-            except self.ray.exceptions.RayActorError as exc:
+            except process_gone(self.ray) as exc:
                 self._restart(k, exc)
 
     def _restart(self, k: int, exc: BaseException) -> None:
@@ -315,7 +326,7 @@ class _Controller:
         settings = self.config.member_settings(k, self.pop_dir)
         try:
             self.ray.get(standby.start.remote(settings, self.state["members"][k]["hyperparameters"]))
-        except (self.ray.exceptions.RayActorError, self.ray.exceptions.RayTaskError):
+        except (*process_gone(self.ray), self.ray.exceptions.RayTaskError):
             self.ray.kill(standby, no_restart=True)
             return None
         return standby
@@ -332,7 +343,7 @@ class _Controller:
             k = pending.pop(ref)
             try:
                 results[k] = ray.get(ref)
-            except ray.exceptions.RayActorError as exc:  # its process died: continue from its last checkpoint
+            except process_gone(ray) as exc:  # its process died: continue from its last checkpoint
                 self._restart(k, exc)
                 pending[self.actors[k].train_until.remote(**{kind: target})] = k
             except ray.exceptions.RayTaskError as exc:
@@ -432,7 +443,7 @@ class _Controller:
                 try:
                     ray.get(ref)
                     break
-                except ray.exceptions.RayActorError:  # the child or its parent died: restart whichever did, copy again
+                except process_gone(ray):  # the child or its parent died: restart whichever did, copy again
                     self._describe(parents[k])  # (a parent restarts from the checkpoint it ended its period with)
                     self._describe(k)
                     ref = self.actors[k].exploit.remote(state_of(parents[k]), explored[k])

@@ -39,7 +39,7 @@ from typing import Any
 from jaderl.api import ALGOS, make_config
 from jaderl.core.config import ConfigError
 from jaderl.core.loop import TrainingError
-from jaderl.population.cluster import PopulationError, Resources, connected
+from jaderl.population.cluster import PopulationError, Resources, connected, process_gone
 from jaderl.population.ensemble import fuse_runs
 from jaderl.population.member import remote_worker
 from jaderl.population.pbt import check_fits
@@ -352,7 +352,8 @@ class _Tournament:
         if strategy != "fresh":  # a continued member draws from its own random streams (two copies of one entry
             # would otherwise retrace each other) and checkpoints them with the explored hyperparameters
             setup += [actor.reseed.remote(self.seed + round_), actor.set_hyperparameters.remote(values)]
-        return actor, {"round": round_, "member": name, "algo": algo, "origin": strategy, "parents": parents}, setup
+        return actor, {"round": round_, "member": name, "algo": algo, "origin": strategy, "parents": parents,
+                       "values": values}, setup
 
     def run(self, pool: int, rounds: int, size: int, progress: Any) -> TournamentResult:
         ray, start = self.ray, time.perf_counter()
@@ -370,20 +371,27 @@ class _Tournament:
                 [ref], _ = ray.wait(list(running), num_returns=1)
                 actor, info, setup = running.pop(ref)
                 ending = [actor]
+                unknown = {"hyperparameters": info["values"]}  # (what the member was given, when it cannot tell)
                 try:
                     ray.get(setup)  # (a failure there is the member's)
                     result = ray.get(ref)
-                    described = ray.get(actor.describe.remote())
-                    ray.get(actor.close.remote())
-                    self.idle.append(actor)
                 except ray.exceptions.RayTaskError as exc:
                     if not isinstance(exc.cause, TrainingError):
-                        raise PopulationError(f"member {info['member']} failed: {exc.cause}") from None
-                    result, described = {"score": -math.inf, "steps": 0}, {"hyperparameters": {}}
+                        first = (str(exc.cause).strip().splitlines() or [type(exc.cause).__name__])[0]
+                        raise PopulationError(f"member {info['member']} failed: {first}") from None
+                    result, described = {"score": -math.inf, "steps": 0}, unknown
                     ray.kill(actor, no_restart=True)  # (its Trainer diverged: the next member gets a new process)
-                except ray.exceptions.RayActorError:  # its process died: it simply leaves the tournament
-                    result, described = {"score": -math.inf, "steps": 0}, {"hyperparameters": {}}
+                except process_gone(ray):  # its process died: it simply leaves the tournament
+                    result, described = {"score": -math.inf, "steps": 0}, unknown
                     ray.kill(actor, no_restart=True)
+                else:  # its period ended with a checkpoint and a score, which stand whatever happens to it now
+                    try:
+                        described = ray.get(actor.describe.remote())
+                        ray.get(actor.close.remote())
+                        self.idle.append(actor)
+                    except (ray.exceptions.RayTaskError, *process_gone(ray)):  # (its process is not reused)
+                        described = unknown
+                        ray.kill(actor, no_restart=True)
                 ending = []
                 finished += 1
                 self.update(board, info, result, described)

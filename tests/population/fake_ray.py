@@ -7,15 +7,17 @@ from typing import Any
 
 class FakeRay:
     """The few Ray calls a tournament makes, in this process: actors are plain objects, a call runs when its result
-    is read, an exception inside a member is a task error; ``killed`` lists the actors killed."""
+    is read, an exception inside a member is a task error (but for the errors that say its process is gone, which a
+    member raises to play that); ``killed`` lists the actors killed."""
 
     class _TaskError(Exception):
         def __init__(self, cause: BaseException) -> None:
             super().__init__(str(cause))
             self.cause = cause
 
-    exceptions = type("exceptions", (), {"RayTaskError": _TaskError, "RayActorError": type("ActorError",
-                                                                                           (Exception,), {})})
+    exceptions = type("exceptions", (), {"RayTaskError": _TaskError,
+                                         "RayActorError": type("ActorError", (Exception,), {}),
+                                         "OutOfMemoryError": type("OutOfMemoryError", (Exception,), {})})
 
     def __init__(self, member_cls: type) -> None:
         self.member_cls, self.killed, self.actors = member_cls, [], []
@@ -36,6 +38,8 @@ class FakeRay:
             return [self.get(r) for r in refs]
         try:
             return refs()
+        except (self.exceptions.RayActorError, self.exceptions.OutOfMemoryError):
+            raise
         except Exception as exc:
             raise self._TaskError(exc) from None
 

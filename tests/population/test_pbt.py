@@ -700,6 +700,20 @@ def test_resume_after_the_driver_stopped_loses_at_most_a_period(population: tupl
         resume_pbt(pop_dir)
     with pytest.raises(ConfigError, match="already finished 4 generations"):
         resume_pbt(pop_dir, generations=3)
+    # as if the driver stopped after committing the last generation, before copying its best member (a copy of an
+    # earlier generation may be there): the resume copies the best of the last generation and trains nothing
+    assert json.loads((pop_dir / "population.json").read_text())["best_generation"] == 4
+    state = json.loads((pop_dir / "population.json").read_text())
+    state["best_generation"] = 3
+    (pop_dir / "population.json").write_text(json.dumps(state))
+    (pop_dir / "best" / "checkpoint.json").unlink(missing_ok=True)
+    copied = resume_pbt(pop_dir)
+    last = {int(r["member"]): float(r["score"]) for r in _rows(pop_dir) if r["generation"] == "3"}
+    best = max(last, key=lambda k: last[k])
+    assert (copied.best_member, copied.best_score, copied.generations) == (best, pytest.approx(last[best]), 4)
+    assert (pop_dir / "best" / "checkpoint.json").exists() and len(_rows(pop_dir)) == 12
+    with pytest.raises(ConfigError, match="already finished 4 generations"):
+        resume_pbt(pop_dir)
 
 
 def test_a_driver_that_dies_while_members_copy_redoes_the_same_copies(local_ray: None, tmp_path: Path,

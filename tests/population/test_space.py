@@ -100,6 +100,18 @@ def test_without_ray_one_sentence_names_the_extra(monkeypatch: pytest.MonkeyPatc
         require_ray()
 
 
+def test_every_error_that_says_a_members_process_is_gone_is_caught_as_such() -> None:
+    """Ray's memory monitor and a lost node end an actor with errors that are not ``RayActorError``s; the drivers
+    treat them as a dead member (restarted, or out of the tournament) rather than stop with a traceback."""
+    ray = pytest.importorskip("ray")
+    from jaderl.population.cluster import process_gone
+
+    gone = process_gone(ray)
+    assert {ray.exceptions.RayActorError, ray.exceptions.OutOfMemoryError, ray.exceptions.NodeDiedError} <= set(gone)
+    assert not issubclass(ray.exceptions.OutOfMemoryError, ray.exceptions.RayActorError)  # why the tuple is needed
+    assert isinstance(ray.exceptions.ActorDiedError(), gone)
+
+
 @pytest.mark.parametrize(("algo", "env", "settings", "dead"), [
     ("reinforce", "jaderl/CartPole-v1", {}, {"vf_coef"}),  # no baseline: no value loss to weigh
     ("vpg", "jaderl/CartPole-v1", {}, set()),  # (REINFORCE with a baseline)

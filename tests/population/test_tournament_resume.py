@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import json
+import math
 import os
 import shutil
 import sys
@@ -252,3 +253,58 @@ def test_the_command_resumes_a_tournament(fake_ray: FakeRay, tmp_path: Path,
         rounds = len(_rows(pop_dir)) + 1
         assert main(["tournament", "--resume", str(pop_dir), "--rounds", str(rounds), *flags]) == 0
         assert json.loads((pop_dir / "tournament.json").read_text())["resources"] == resources
+
+
+def test_a_member_killed_by_rays_memory_monitor_leaves_the_tournament_like_one_that_died(
+        fake_ray: FakeRay, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ray's memory monitor kills a member's process mid-period: ``ray.get`` raises ``OutOfMemoryError``, which is
+    not a ``RayActorError``. The member leaves the tournament with no score, its actor killed, and the other rounds
+    go on in a new process."""
+    train_for, calls = Standby.train_for, []
+
+    def killed_in_the_second(self: Standby, steps: int) -> dict[str, Any]:
+        calls.append(self)
+        if len(calls) == 2:
+            raise FakeRay.exceptions.OutOfMemoryError("Task was killed due to the node running low on memory.")
+        return train_for(self, steps)
+
+    monkeypatch.setattr(Standby, "train_for", killed_in_the_second)
+    pop_dir = tmp_path / "t"
+    result = tournament("ppo", ENV, pool=1, period=PERIOD, rounds=3, leaderboard_size=3, strategy_weights=(0, 0, 1),
+                        seed=1, run_dir=str(pop_dir), space=["lr=loguniform:1e-4:1e-2"], **TINY)
+    rows = _rows(pop_dir)
+    assert [(r["member"], float(r["score"]) == float("-inf")) for r in rows] == \
+        [("t0000", False), ("t0001", True), ("t0002", False)]
+    assert len(_board(pop_dir)) == 2 and result.best_score == max(e["score"] for e in _board(pop_dir))
+    assert len({id(member) for member in calls}) == 2  # round 2 in a new process: the killed one is not reused
+
+
+def test_a_member_that_dies_after_its_period_keeps_its_score(fake_ray: FakeRay, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """A member's process dies after its period ended (checkpointed, scored) while it describes itself: its period
+    counts, with the hyperparameters it was given, and the next round runs in a new process. A member whose closing
+    fails (say, drawing its curve) is not reused either, and the tournament goes on."""
+    describe, close, calls = Standby.describe, Standby.close, []
+
+    def dies_in_the_second(self: Standby) -> dict[str, Any]:
+        calls.append(self)
+        if len(calls) == 2:
+            raise FakeRay.exceptions.RayActorError("The actor died unexpectedly before finishing this task.")
+        return describe(self)
+
+    def fails_in_the_third(self: Standby) -> None:
+        close(self)
+        if len(calls) == 3:
+            raise OSError("No space left on device: 'learning_curve.png'")
+
+    monkeypatch.setattr(Standby, "describe", dies_in_the_second)
+    monkeypatch.setattr(Standby, "close", fails_in_the_third)
+    pop_dir = tmp_path / "t"
+    tournament("ppo", ENV, pool=1, period=PERIOD, rounds=4, leaderboard_size=4, strategy_weights=(0, 0, 1), seed=1,
+               run_dir=str(pop_dir), space=["lr=loguniform:1e-4:1e-2"], **TINY)
+    rows = _rows(pop_dir)
+    assert [r["member"] for r in rows] == [f"t000{k}" for k in range(4)]
+    assert all(math.isfinite(float(r["score"])) and int(r["steps"]) == PERIOD for r in rows)
+    assert sorted(e["name"] for e in _board(pop_dir)) == [f"t000{k}" for k in range(4)]
+    assert all(set(json.loads(r["hyperparameters"])) == {"lr"} for r in rows)
+    assert len({id(member) for member in calls}) == 3  # rounds 2 and 3 each in a new process
