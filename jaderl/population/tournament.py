@@ -82,7 +82,8 @@ class Leaderboard:
     def insert(self, entry: dict[str, Any], run_dir: str) -> int | None:
         """Insert ``entry`` (with ``name`` and ``score``) by its score; returns its rank (0 is best), or None when it
         does not make the top ``size``."""
-        ranked = sorted([*self.entries, entry], key=lambda e: e["score"], reverse=True)
+        others = [e for e in self.entries if e["name"] != entry["name"]]  # (a call retried after a restart: once)
+        ranked = sorted([*others, entry], key=lambda e: e["score"], reverse=True)
         if entry not in ranked[:self.size]:
             return None
         snapshot = self.snapshot(entry["name"])
@@ -100,8 +101,9 @@ class Leaderboard:
 
 
 def leaderboard_actor(ray: Any) -> Any:
-    """:class:`Leaderboard` as a Ray actor class that holds no CPU."""
-    return ray.remote(num_cpus=0, max_restarts=0)(Leaderboard)
+    """:class:`Leaderboard` as a Ray actor class that holds no CPU. Ray restarts it up to 3 times where its process
+    dies (it reloads leaderboard.json) and retries the call that was under way (each is safe to repeat)."""
+    return ray.remote(num_cpus=0, max_restarts=3, max_task_retries=3)(Leaderboard)
 
 
 @dataclasses.dataclass
@@ -400,6 +402,11 @@ class _Tournament:
                               "score": result["score"], "origin": info["origin"], "pid": described.get("pid"),
                               "time_s": time.perf_counter() - start})
             entries = ray.get(board.top.remote())
+        except process_gone(ray) as exc:  # (a member's death is handled above: this is the leaderboard's actor)
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+            raise PopulationError(f"the leaderboard's actor died more often than Ray restarts it ({first}); "
+                                  f"leaderboard.json keeps it: continue with `jaderl tournament --resume "
+                                  f"{self.pop_dir}`") from None
         finally:  # Ctrl-C or an error: no member outlives the tournament
             for actor in [*(a for a, _, _ in running.values()), *self.idle, *ending]:
                 ray.kill(actor, no_restart=True)

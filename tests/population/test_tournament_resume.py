@@ -19,6 +19,7 @@ import pytest
 from jaderl.cli import main
 from jaderl.core.config import ConfigError
 from jaderl.population import resume_tournament, tournament
+from jaderl.population.cluster import PopulationError
 from jaderl.population.member import Standby
 from jaderl.population.store import driven
 from tests.population.fake_ray import FakeRay
@@ -308,3 +309,39 @@ def test_a_member_that_dies_after_its_period_keeps_its_score(fake_ray: FakeRay, 
     assert sorted(e["name"] for e in _board(pop_dir)) == [f"t000{k}" for k in range(4)]
     assert all(set(json.loads(r["hyperparameters"])) == {"lr"} for r in rows)
     assert len({id(member) for member in calls}) == 3  # rounds 2 and 3 each in a new process
+
+
+def test_the_leaderboard_takes_a_retried_insert_once_and_its_actors_death_is_one_sentence(
+        fake_ray: FakeRay, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ray restarts the leaderboard's actor (it reloads leaderboard.json) and retries the call under way, so an
+    insert may run twice: the entry is there once. An actor that dies more often than Ray restarts it stops the
+    tournament with one sentence that gives the resume, and the resume finishes it."""
+    from jaderl.population.tournament import Leaderboard
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "checkpoint.json").write_text("{}")
+    board = Leaderboard(str(tmp_path / "b"), 3)
+    entry = {"name": "t0000", "score": 1.0}
+    assert board.insert(dict(entry), str(run)) == 0
+    again = Leaderboard(str(tmp_path / "b"), 3)  # restarted: what it wrote before it died
+    assert again.insert(dict(entry), str(run)) == 0 and [e["name"] for e in again.top()] == ["t0000"]
+
+    insert, calls = Leaderboard.insert, []
+
+    def dies_at_the_second(self: Leaderboard, entry: dict[str, Any], run_dir: str) -> int | None:
+        calls.append(entry["name"])
+        if len(calls) == 2:
+            raise FakeRay.exceptions.RayActorError("The actor died unexpectedly before finishing this task.")
+        return insert(self, entry, run_dir)
+
+    monkeypatch.setattr(Leaderboard, "insert", dies_at_the_second)
+    pop_dir = tmp_path / "t"
+    with pytest.raises(PopulationError, match=r"the leaderboard's actor died more often than Ray restarts it "
+                                              r"\(The actor died unexpectedly before finishing this task\.\); "
+                                              r"leaderboard\.json keeps it: continue with `jaderl tournament --resume"):
+        tournament("ppo", ENV, pool=1, period=PERIOD, rounds=3, leaderboard_size=3, strategy_weights=(1, 0, 0),
+                   seed=1, run_dir=str(pop_dir), space=["lr=loguniform:1e-4:1e-2"], **TINY)
+    monkeypatch.setattr(Leaderboard, "insert", insert)
+    resume_tournament(pop_dir)
+    assert sorted(int(r["round"]) for r in _rows(pop_dir)) == [0, 1, 2]
