@@ -98,6 +98,7 @@ def test_on_policy_pipeline_learns_cartpole(tmp_path: Path) -> None:
     assert result.solved, result
 
 
+@pytest.mark.alone  # (its assertions time processes)
 def test_raising_worker_is_reported_by_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     env = _faulty_env_module(tmp_path, monkeypatch, 'raise RuntimeError("boom")')
     start = time.monotonic()
@@ -336,6 +337,7 @@ def _hold_lock(lock: Any, held: Any) -> None:
     time.sleep(120)
 
 
+@pytest.mark.alone  # (its assertions time processes)
 @pytest.mark.timeout(60)
 def test_learner_waiting_for_the_lock_of_a_killed_worker_names_it(tmp_path: Path) -> None:
     """A process killed while it holds the policy lock never releases it: the learner's publish must not wait for

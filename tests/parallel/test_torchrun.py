@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -13,12 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.parallel.test_ddp import _assert_learners_identical
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests.ports import free_port
 
 
 def _node(rank: int, port: int, run_dir: Path, *extra: str) -> subprocess.Popen:
@@ -49,7 +43,7 @@ def _finish(nodes: list[subprocess.Popen]) -> list[tuple[int, str, str]]:
 
 @pytest.mark.usefixtures("no_leftover_processes")
 def test_two_torchrun_nodes_train_with_identical_parameters(tmp_path: Path) -> None:
-    run_dir, port = tmp_path / "run", _free_port()
+    run_dir, port = tmp_path / "run", free_port()
     (code0, out0, err0), (code1, _, err1) = _finish([_node(0, port, run_dir), _node(1, port, run_dir)])
     assert code0 == 0, err0[-3000:]
     assert code1 == 0, err1[-3000:]
@@ -61,7 +55,7 @@ def test_two_torchrun_nodes_train_with_identical_parameters(tmp_path: Path) -> N
 
 
 def test_a_group_of_another_size_than_learners_is_one_sentence(tmp_path: Path) -> None:
-    run_dir, port = tmp_path / "run", _free_port()
+    run_dir, port = tmp_path / "run", free_port()
     command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "1",
                "--master-addr", "127.0.0.1", "--master-port", str(port), "-m", "jaderl", "train", "ppo",
                "jaderl/CartPole-v1", "--learners", "2", "--run-dir", str(run_dir), "--device", "cpu"]

@@ -24,15 +24,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.ports import free_port
+
 pytest.importorskip("ray")
 
 BIN = Path(sys.executable).parent
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _processes_in(sessions: list[int], marker: str) -> list[str]:
@@ -56,8 +52,10 @@ def two_node_cluster() -> Iterator[tuple[str, dict[str, str]]]:
     """(address, env with the cluster's token) of a head node and one worker node, 1 CPU each."""
     temp_dir = tempfile.mkdtemp(prefix="rayj")  # short: Ray's socket paths must stay under 107 characters
     env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(16)}
-    port = _free_port()
-    common = ["--block", "--num-cpus", "1", "--temp-dir", temp_dir, "--disable-usage-stats"]
+    port = free_port()
+    # worker ports chosen by the system: two nodes on one machine would otherwise draw them from one range
+    common = ["--block", "--num-cpus", "1", "--temp-dir", temp_dir, "--disable-usage-stats", "--min-worker-port", "0",
+              "--max-worker-port", "0"]
     nodes: list[subprocess.Popen[bytes]] = []
 
     def start(*args: str) -> None:
@@ -65,7 +63,7 @@ def two_node_cluster() -> Iterator[tuple[str, dict[str, str]]]:
                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
 
     try:
-        start("--head", "--port", str(port), "--ray-client-server-port", str(_free_port()),
+        start("--head", "--port", str(port), "--ray-client-server-port", str(free_port()),
               "--include-dashboard", "false")
         address = f"127.0.0.1:{port}"
         deadline = time.monotonic() + 60

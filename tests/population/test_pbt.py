@@ -635,7 +635,9 @@ def test_population_csv_records_every_member_and_generation(population: tuple[Pa
     for g in (1, 2):  # the worst member of g - 1 started generation g from a copy of the best one, with lr x0.8/1.2
         before = [r for r in rows if int(r["generation"]) == g - 1]
         scores = [float(r["score"]) for r in before]
-        worst, best = scores.index(min(scores)), scores.index(max(scores))
+        # ties: the first of the best copies (split_by_score's stable ranking, best first), the last of the worst copies
+        worst = max(k for k, score in enumerate(scores) if score == min(scores))
+        best = scores.index(max(scores))
         now = {int(r["member"]): r for r in rows if int(r["generation"]) == g}
         if min(scores) < max(scores):
             distinct += 1
