@@ -398,6 +398,7 @@ class PettingZooVecEnv(VecEnv):
             # the spec's bounds: the shared ones, or every agent's, agent after agent
             self._low, self._high = (low[0], high[0]) if same else (low.reshape(-1), high.reshape(-1))
             action_space = gym.spaces.Box(low.reshape(-1).astype(dtype), high.reshape(-1).astype(dtype), dtype=dtype)
+            self._integer_box = np.issubdtype(dtype, np.integer)  # rescaled actions rounded, not truncated
         return _PackedLayout(agents, obs_layout, state_dim, has_state, self.is_discrete), action_space
 
     # -- the contract --------------------------------------------------------------------------------------------
@@ -431,6 +432,8 @@ class PettingZooVecEnv(VecEnv):
         else:  # in float64, as the single-agent Gymnasium adapter rescales
             scale = (self._agent_high - self._agent_low) * 0.5
             env_action = (self._agent_low + (action.double() + 1.0) * scale).reshape(self.num_envs, -1)
+            if self._integer_box:  # the nearest integer (a cast would truncate: 9.995 to 9)
+                env_action = env_action.round()
         if self._subproc is not None:
             rows, _, terminated, truncated, info = self._subproc.step(env_action)
             final_rows = info["final_obs"]

@@ -4,15 +4,18 @@ Isaac Lab's tasks (``gym.make("Isaac-Cartpole-v0", cfg=...)``), ManiSkill3's ``M
 ``NumpyToTorch`` vector wrapper all step thousands of sub-envs in one call and return torch tensors on their device.
 :class:`TorchVectorEnv` adapts any of them to jaderl's contract (:mod:`jaderl.envs.vec`) as they are: actions are
 rescaled from ``[-1, 1]`` to the action space's bounds on the env's device and handed over as one tensor; the
-observations, rewards and flags come back as views or cheap casts on the training device (no copy when the env
-already computes there, which is the point: a GPU simulator and the learner share one device).
+observations, rewards and flags come back on the training device with no numpy round trip (a GPU simulator and the
+learner share one device). A tensor that is the env's own memory is copied there, one copy on the device a step:
+simulators write each step into the same buffers (Isaac Lab's rewards and episode ends), and a rollout keeps every
+step's tensors.
 
 What the adapter reads:
 
 * **Observations**: a tensor ``(N, *obs_shape)``, or a dict of tensors from which ``obs_key`` is taken (Isaac Lab's
   ``{"policy": ...}``, the default key); uint8 where the observation space is uint8 (images), float32 otherwise.
 * **Actions**: a ``Discrete`` space (jaderl's action ``i`` is the space's ``start + i``) or a bounded 1-D ``Box``
-  (jaderl's ``[-1, 1]`` rescaled to its bounds, then clipped to them so that float32 rounding never leaves them). A
+  (jaderl's ``[-1, 1]`` rescaled to its bounds, then clipped to them so that float32 rounding never leaves them; an
+  unbounded one, such as Isaac Lab's, takes the bounds given as ``action_bounds``). A
   list or NumPy array of numbers is taken too (converted to a tensor on the env's device). On the CPU, NaN or infinite
   actions and discrete ones out of range or not whole numbers (``0.7``) raise :class:`~jaderl.envs.vec.EnvError`; on a
   GPU they are not checked.
@@ -38,6 +41,7 @@ data stops the run and does not reach a checkpoint.
 from __future__ import annotations
 
 import contextlib
+import math
 from typing import Any
 
 import gymnasium as gym
@@ -55,13 +59,27 @@ from jaderl.envs.vec import (
 )
 
 
+def _owned(value: Any, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """``value`` as a tensor of ``dtype`` on ``device`` that the env cannot change afterwards: a copy where the
+    conversion would give back the env's own memory. Simulators write each step's results into the same buffers
+    (Isaac Lab's rewards and episode ends, Isaac Gym's observations), while a rollout keeps every step's tensors."""
+    tensor = torch.as_tensor(value, device=device).to(dtype)
+    if isinstance(value, torch.Tensor) and tensor.numel() and tensor.data_ptr() == value.data_ptr():
+        return tensor.clone()
+    return tensor
+
+
 class TorchVectorEnv(VecEnv):
     """Adapts a Gymnasium-API vector env that returns torch tensors to the jaderl contract (see the module docstring).
 
     ``device``: the training device the tensors are moved to (default: the env's own ``device`` attribute, else the
-    device of the first observation); ``obs_key``: the entry of a dict observation the agent reads."""
+    device of the first observation); ``obs_key``: the entry of a dict observation the agent reads;
+    ``action_bounds``: ``(low, high)`` that jaderl's ``[-1, 1]`` is rescaled to in place of a ``Box`` action space's
+    own bounds, which is how an unbounded space is taken (Isaac Lab declares ``Box(-inf, inf)`` and its own training
+    scripts clip actions, e.g. to ``(-1, 1)``)."""
 
-    def __init__(self, env: Any, device: str | torch.device | None = None, obs_key: str = "policy") -> None:
+    def __init__(self, env: Any, device: str | torch.device | None = None, obs_key: str = "policy",
+                 action_bounds: tuple[float, float] | None = None) -> None:
         if not hasattr(env, "num_envs") or not hasattr(env, "single_action_space"):
             raise EnvError(f"cannot adapt {type(env).__name__}: TorchVectorEnv takes a Gymnasium-API vector env "
                            "(num_envs, single_observation_space, single_action_space)")
@@ -89,9 +107,14 @@ class TorchVectorEnv(VecEnv):
         elif isinstance(act_space, gym.spaces.Box) and len(act_space.shape) == 1:
             low, high = torch.as_tensor(act_space.low, dtype=torch.float64), torch.as_tensor(act_space.high,
                                                                                              dtype=torch.float64)
+            if action_bounds is not None:
+                bound_low, bound_high = (float(b) for b in action_bounds)
+                if not (math.isfinite(bound_low) and math.isfinite(bound_high) and bound_low < bound_high):
+                    raise EnvError(f"action_bounds={action_bounds} are not two finite numbers, low < high")
+                low, high = torch.full_like(low, bound_low), torch.full_like(high, bound_high)
             if not (torch.isfinite(low).all() and torch.isfinite(high).all()):
-                raise EnvError(f"action space {act_space} is unbounded: jaderl rescales actions from [-1, 1]; wrap "
-                               "the env to clip its actions to finite bounds")
+                raise EnvError(f"action space {act_space} is unbounded: jaderl rescales actions from [-1, 1]; pass "
+                               "action_bounds=(low, high) to rescale them to, e.g. (-1.0, 1.0)")
             self.is_discrete, self.action_dim, self._start = False, int(act_space.shape[0]), 0
             self._low, self._high = low.numpy(), high.numpy()  # the spec's bounds
             self._scale_low = low.to(self.env_device, torch.float32)
@@ -115,8 +138,7 @@ class TorchVectorEnv(VecEnv):
     def _obs(self, obs: Any) -> torch.Tensor:
         if isinstance(obs, dict):
             obs = obs[self.obs_key]
-        obs = torch.as_tensor(obs, device=self.device)
-        obs = obs if obs.dtype == self._obs_dtype else obs.to(self._obs_dtype)
+        obs = _owned(obs, self.device, self._obs_dtype)
         if obs.dtype != torch.uint8:
             self._obs_watch(obs)
         return obs.reshape(self.num_envs, *self.obs_shape)
@@ -156,10 +178,10 @@ class TorchVectorEnv(VecEnv):
     def step(self, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, dict]:
         obs, reward, terminated, truncated, info = self.env.step(self._actions(action))
         obs = self._obs(obs)
-        reward = torch.as_tensor(reward, device=self.device).reshape(self.num_envs).float()
+        reward = _owned(reward, self.device, torch.float32).reshape(self.num_envs)
         self._reward_watch(reward)
-        terminated = torch.as_tensor(terminated, device=self.device).reshape(self.num_envs).bool()
-        truncated = torch.as_tensor(truncated, device=self.device).reshape(self.num_envs).bool()
+        terminated = _owned(terminated, self.device, torch.bool).reshape(self.num_envs)
+        truncated = _owned(truncated, self.device, torch.bool).reshape(self.num_envs)
         final = info.get("final_obs", info.get("final_observation")) if isinstance(info, dict) else None
         if final is None:
             final_obs = obs

@@ -289,10 +289,20 @@ class VecEnv:
 _NUMPY_DTYPES = {torch.float32: np.float32, torch.bool: np.bool_, torch.uint8: np.uint8}
 
 
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
 def check_finite(name: str, array: np.ndarray) -> None:
-    """One-sentence EnvError when an env returned NaN or infinity (uint8 images cannot hold either)."""
-    if array.dtype != np.uint8 and not np.isfinite(array).all():
+    """One-sentence EnvError when an env returned NaN or infinity (uint8 images cannot hold either), or a float64
+    number beyond float32's range, which would become infinity in jaderl's float32 tensors."""
+    if array.dtype == np.uint8:
+        return
+    if not np.isfinite(array).all():
         raise EnvError(f"the env returned a non-finite {name}; fix the env or wrap it to clip or reset")
+    if array.dtype.kind == "f" and array.dtype.itemsize > 4 and array.size and \
+            (array.max() > FLOAT32_MAX or array.min() < -FLOAT32_MAX):
+        raise EnvError(f"the env returned a {name} beyond float32's range (magnitude above 3.4e38), which jaderl's "
+                       "float32 tensors cannot hold; fix the env or wrap it to clip or rescale")
 
 
 def unsupported_observations(obs_space: gym.Space) -> EnvError:
@@ -335,6 +345,7 @@ class GymnasiumSpaces(VecEnv):
                 raise EnvError(f"action space {act_space} is unbounded: jaderl rescales actions from [-1, 1]")
             self.is_discrete, self.action_dim = False, int(act_space.shape[0])
             self._low, self._high = act_space.low.astype(np.float64), act_space.high.astype(np.float64)
+            self._integer_box = np.issubdtype(act_space.dtype, np.integer)  # rescaled actions rounded, not truncated
         else:
             raise EnvError(f"action space {act_space} is not supported: use Discrete or a 1-D Box")
 
@@ -368,6 +379,8 @@ class GymnasiumSpaces(VecEnv):
             return act.astype(np.int64) + self._discrete_start
         act = act.reshape(self.num_envs, self.action_dim)
         scaled = self._low + (np.clip(act, -1.0, 1.0) + 1.0) * 0.5 * (self._high - self._low)
+        if self._integer_box:  # the nearest integer (a cast would truncate: 9.995 to 9)
+            scaled = np.rint(scaled)
         return np.minimum(np.maximum(scaled, self._low), self._high)  # rounding must not leave a float64 Box's bounds
 
 

@@ -236,6 +236,47 @@ def test_nan_from_env_raises_env_error(nan_at: str, nan_step: int, end: int | No
             env.step(torch.zeros(1, dtype=torch.int64))
 
 
+@pytest.mark.parametrize("at", ["obs", "reward"])
+def test_float64_beyond_float32s_range_raises_env_error(at: str, closing: list[GymnasiumVecEnv]) -> None:
+    """A float64 observation or reward of 1e39 is finite but becomes infinity as float32: refused as such."""
+    class Huge(CounterEnv):
+        def __init__(self) -> None:
+            super().__init__()
+            self.observation_space = gym.spaces.Box(-np.inf, np.inf, (2,), np.float64)
+
+        def _obs(self) -> np.ndarray:
+            return np.array([1e39 if at == "obs" and self.t == 1 else float(self.t), 0.0])
+
+        def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict]:
+            obs, reward, terminated, truncated, info = super().step(action)
+            return obs, -1e39 if at == "reward" else reward, terminated, truncated, info
+
+    env = GymnasiumVecEnv(Huge())
+    closing.append(env)
+    env.reset()
+    with pytest.raises(EnvError, match=f"^the env returned a {'reward' if at == 'reward' else 'observation'} beyond "
+                                       r"float32's range \(magnitude above 3.4e38\), which jaderl's float32 tensors "
+                                       "cannot hold; fix the env or wrap it to clip or rescale"):
+        env.step(torch.zeros(1, dtype=torch.int64))
+
+
+def test_integer_box_actions_are_rounded_to_the_nearest_integer(closing: list[GymnasiumVecEnv]) -> None:
+    """[-1, 1] rescaled to an integer Box's bounds goes to the nearest integer: a cast would truncate 9.995 to 9."""
+    class IntegerBox(CounterEnv):
+        def __init__(self) -> None:
+            super().__init__()
+            self.action_space = gym.spaces.Box(0, 10, (2,), np.int64)
+
+    sim = IntegerBox()
+    env = GymnasiumVecEnv(sim)
+    closing.append(env)
+    env.reset()
+    for action in ([0.999, -0.81], [-1.0, 1.0], [0.05, -0.05]):
+        env.step(torch.tensor([action]))
+    assert [a.tolist() for a in sim.actions] == [[10, 1], [0, 10], [5, 5]]  # 9.995, 0.95; 0, 10; 5.25, 4.75
+    assert all(a.dtype == np.int64 for a in sim.actions)
+
+
 def test_wrapped_vector_env_keeps_its_time_limit(closing: list[GymnasiumVecEnv]) -> None:
     vec = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")] * 2, autoreset_mode=SAME_STEP)
     env = GymnasiumVecEnv(gym.wrappers.vector.RecordEpisodeStatistics(vec))

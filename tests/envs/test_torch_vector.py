@@ -389,3 +389,48 @@ def test_a_registered_simulator_trains_resumes_and_evaluates(tmp_path: Path) -> 
             register_env("jaderl/CartPole-v1", lambda num_envs, device, seed: make_env("CartPole-v1", num_envs))
     finally:
         REGISTERED_ENVS.pop(name, None)
+
+
+class ReusedBuffers(IsaacLike):
+    """Isaac Lab's habits: an unbounded action space, and every step's observations, rewards and episode ends written
+    into the same tensors."""
+
+    def __init__(self, num_envs: int) -> None:
+        super().__init__(num_envs)
+        self.single_action_space = gym.spaces.Box(-np.inf, np.inf, (1,), np.float32)
+        self.obs_buf, self.reward_buf = torch.zeros(num_envs, 2), torch.zeros(num_envs)
+        self.terminated_buf, self.truncated_buf = torch.zeros(num_envs, dtype=torch.bool), torch.zeros(
+            num_envs, dtype=torch.bool)
+
+    def _obs(self) -> dict[str, torch.Tensor]:
+        self.obs_buf.copy_(torch.stack([self.t.float(), torch.ones(self.num_envs)], -1))
+        return {"policy": self.obs_buf, "critic": self.obs_buf}
+
+    def step(self, action: torch.Tensor) -> tuple[Any, ...]:
+        self.actions.append(action)
+        self.t += 1
+        self.reward_buf.copy_(self.t.float())
+        self.truncated_buf.copy_(self.t >= self.max_episode_length)
+        self.terminated_buf.copy_(self.t == 1)
+        self.t[self.truncated_buf] = 0
+        return self._obs(), self.reward_buf, self.terminated_buf, self.truncated_buf, {}
+
+
+def test_an_env_that_reuses_its_buffers_leaves_every_step_its_own_values_and_action_bounds_take_unbounded_spaces(
+        ) -> None:
+    with pytest.raises(EnvError, match=r"is unbounded: jaderl rescales actions from \[-1, 1\]; pass "
+                                       r"action_bounds=\(low, high\) to rescale them to, e.g. \(-1.0, 1.0\)"):
+        TorchVectorEnv(ReusedBuffers(2))
+    with pytest.raises(EnvError, match=r"action_bounds=\(1.0, -1.0\) are not two finite numbers, low < high"):
+        TorchVectorEnv(ReusedBuffers(2), action_bounds=(1.0, -1.0))
+    sim = ReusedBuffers(2)
+    env = TorchVectorEnv(sim, action_bounds=(-0.5, 0.5))
+    assert env.spec.action_low == (-0.5,) and env.spec.action_high == (0.5,)
+    first = env.reset()
+    steps = [env.step(torch.tensor([[-1.0], [1.0]])) for _ in range(3)]
+    torch.testing.assert_close(sim.actions[-1], torch.tensor([[-0.5], [0.5]]))
+    torch.testing.assert_close(first, torch.tensor([[0.0, 1.0]] * 2))  # the reset's, not the last step's
+    assert [s[1].tolist() for s in steps] == [[1.0, 1.0], [2.0, 2.0], [3.0, 3.0]]
+    assert [s[2].tolist() for s in steps] == [[True, True], [False, False], [False, False]]
+    assert [s[3].tolist() for s in steps] == [[False, False], [False, False], [True, True]]
+    assert [s[0][:, 0].tolist() for s in steps] == [[1.0, 1.0], [2.0, 2.0], [0.0, 0.0]]
