@@ -408,7 +408,10 @@ def train_ddp(config: Config, agent_cls: type[Agent], resume: bool = False,
                 p.start()
         return _watch(processes, messages, run_dir, progress)
     except (ConfigError, EnvError):
-        setup_failed = not resume and not (run_dir / CHECKPOINT_JSON).exists()
+        # a set-up that failed (learner 0 writes config.yaml when its set-up is done), not a run that trained: an env
+        # error mid-run (NaN from the env or the policy) keeps what learner 0 wrote, as one process does
+        setup_failed = not resume and not (run_dir / CHECKPOINT_JSON).exists() \
+            and not (run_dir / "config.yaml").exists()
         raise
     finally:
         _stop(processes)

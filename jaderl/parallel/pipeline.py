@@ -77,7 +77,9 @@ class _Shared:
     version: Any  # mp.Value('q'): bumped on every publication
     steps: Any  # mp.Value('q'): the learner's env-step count at the last publication
     lock: Any  # guards policy, version and steps
-    stop: Any  # mp.Event: every process ends its loop
+    stop: Any  # mp.Value('b'), set to 1: every process ends its loop
+    # (version, steps and stop are plain shared memory: their reads and writes take no lock of their own, which a
+    # process killed inside one would hold for ever; writes of version and steps happen under ``lock``)
     errors: Any  # queue of (process name, message)
 
 
@@ -109,7 +111,7 @@ def _holding(lock: Any, still_ok: Callable[[], None]) -> Iterator[None]:
 
 
 def _exit_if_abandoned(shared: _Shared) -> None:
-    if shared.stop.is_set() or _orphaned():
+    if shared.stop.value or _orphaned():
         raise SystemExit(0)
 
 
@@ -151,7 +153,7 @@ def _explorer(worker: int, config_dict: dict[str, Any], agent_cls: type[Agent], 
         agent.steps = start_steps  # config.seed (this worker's, from start_steps) seeds the env
         used = -1
         try:
-            while not shared.stop.is_set():
+            while not shared.stop.value:
                 # on-policy: wait for the policy of this round (the learner releases `go` after publishing it);
                 # off-policy: wait until the learner took the last trajectory (it releases `go` then), so at most
                 # one finished trajectory waits, then take the newest policy, if there is a new one, and go on
@@ -167,7 +169,7 @@ def _explorer(worker: int, config_dict: dict[str, Any], agent_cls: type[Agent], 
                     agent.last_obs = env.reset(seed=config.seed)
                 traj = agent.explore(env, config.horizon)
                 episodes = agent.episodes.take()
-                while not shared.stop.is_set():
+                while not shared.stop.value:
                     try:
                         out.put((traj, episodes, used), timeout=POLL_S)
                         break
@@ -224,8 +226,8 @@ class _Pipeline:
         policy = _cpu_policy(agent)
         self.shared = _Shared(policy={k: v.share_memory_() for k, v in policy.items()},
                               eval_policy={k: v.clone().share_memory_() for k, v in policy.items()},
-                              version=ctx.Value("q", 0), steps=ctx.Value("q", agent.steps), lock=ctx.Lock(),
-                              stop=ctx.Event(), errors=ctx.Queue())
+                              version=ctx.Value("q", 0, lock=False), steps=ctx.Value("q", agent.steps, lock=False),
+                              lock=ctx.Lock(), stop=ctx.Value("b", 0, lock=False), errors=ctx.Queue())
         self.trajectories = [ctx.Queue(maxsize=1) for _ in range(config.workers)]
         self.go = [ctx.Semaphore(0) for _ in range(config.workers)]
         self.policy_lag = 0.0  # mean number of publications the policies of the last round were behind
@@ -340,6 +342,8 @@ class _Pipeline:
         """Ask for an evaluation of the current policy. An evaluation still under way (``pending_step``, e.g. when
         ``Trainer.evaluate`` is called between training steps) finishes first and is recorded: the evaluator reads
         the policy it evaluates from shared memory."""
+        if not self.started:  # an evaluation by hand before the first step: the evaluator process starts now
+            self.start()
         if self.pending_step is not None:
             self.poll(wait=True)
         for key, tensor in agent.policy_state_dict().items():
@@ -367,7 +371,7 @@ class _Pipeline:
     def close(self, plot: bool = True) -> None:
         """Stop every child: ask, wait, then terminate and kill what is left (the evaluator process draws the
         curve as it ends, whatever ``plot`` says)."""
-        self.shared.stop.set()
+        self.shared.stop.value = 1
         started = [p for p in self.processes.values() if p.pid is not None]
         if "evaluator" in self.processes and self.processes["evaluator"].is_alive():
             self.requests.put(None)

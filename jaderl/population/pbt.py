@@ -218,7 +218,7 @@ def _resume_pbt(pop_dir: Path, generations: int | None, address: str | None, num
         state["settings"]["resources"] = resources
     parsed = config.validate()
     ranked = state.get("ranked")
-    if (state["generation"] >= config.generations and state.get("best_generation") != state["generation"]
+    if (state["generation"] == config.generations and state.get("best_generation") != state["generation"]
             and ranked is not None and ranked["generation"] == state["generation"] - 1):
         # the driver stopped after committing the last generation, before copying its best member: copy it now
         return _copy_best(pop_dir, state, ranked["scores"], 0.0)

@@ -28,14 +28,15 @@ import torch.distributed as dist
 from jaderl.algos.base import ReturnNorm
 from jaderl.algos.ppo import PPO
 from jaderl.algos.sac import SAC
-from jaderl.api import make_config
+from jaderl.api import ALGOS, make_config
 from jaderl.cli import main
 from jaderl.core.buffers import RolloutBuffer
-from jaderl.core.checkpoint import load_checkpoint
+from jaderl.core.checkpoint import CHECKPOINT_JSON, load_checkpoint
 from jaderl.core.config import ConfigError
 from jaderl.core.loop import TrainingError
 from jaderl.core.nets import ObsNorm
 from jaderl.envs import make_env
+from jaderl.envs.vec import EnvError
 from jaderl.parallel import ddp
 from jaderl.parallel.ddp import Learners, average_gradients, train_ddp
 from jaderl.parallel.exits import ENDED_EXIT, stop_on_sigterm
@@ -375,6 +376,31 @@ class TerminatedOnLearner1(PPO):
             sent.write_text(str(self.steps))
             os.kill(os.getpid(), signal.SIGTERM)
         return super().update(buffer)
+
+
+class EnvFailsOnLearner1(PPO):
+    """PPO whose learner 1 meets an env error (as NaN from the env raises) in its update from step 512 on."""
+
+    def update(self, buffer: Any) -> dict[str, torch.Tensor]:
+        if dist.get_rank() == 1 and self.steps >= 512:
+            raise EnvError("the env returned a non-finite reward; fix the env or wrap it to clip or reset")
+        return super().update(buffer)
+
+
+def test_an_env_error_mid_run_keeps_the_run_directory_and_a_failed_set_up_leaves_none(
+        tmp_path: Path, no_leftover_processes: None) -> None:
+    """Before its first checkpoint, a run whose env fails mid-run keeps what learner 0 wrote (config.yaml, metrics,
+    the best policy), as a run in one process does; a run whose learners fail to set up leaves no directory."""
+    config = make_config("ppo", ENV, total_steps=100_000, run_dir=str(tmp_path / "run"),
+                         **(TINY_PPO | {"checkpoint_every": 10**9}))
+    with pytest.raises(EnvError, match="non-finite reward"):
+        train_ddp(config, EnvFailsOnLearner1)
+    assert (tmp_path / "run" / "config.yaml").exists() and (tmp_path / "run" / "metrics.csv").exists()
+    assert not (tmp_path / "run" / CHECKPOINT_JSON).exists()
+    with pytest.raises(ConfigError, match="multi-agent"):
+        train_ddp(make_config("mappo", ENV, run_dir=str(tmp_path / "setup"), learners=2, device="cpu"),
+                  ALGOS["mappo"].agent_cls)
+    assert not (tmp_path / "setup").exists()
 
 
 @pytest.mark.parametrize(("agent_cls", "expected"), [(FailsOnLearner1, "learner 1 failed: RuntimeError: injected"),

@@ -532,6 +532,18 @@ def test_an_evaluation_asked_for_while_one_runs_waits_for_it(tmp_path: Path) -> 
     assert [int(row["step"]) for row in pipeline.rows] == [100, 200]
 
 
+def test_an_evaluation_asked_for_before_the_first_step_starts_the_processes(tmp_path: Path) -> None:
+    """Trainer.evaluate before any training step (the children not started yet) starts them and gets its answer,
+    instead of waiting for ever for an evaluator that was never started."""
+    pipeline = _pipeline(tmp_path / "run")
+    try:
+        pipeline.request(pipeline.agent, 0, 0.0, {})
+        assert pipeline.started and pipeline.poll(wait=True) is not None
+    finally:
+        pipeline.close()
+    assert [int(row["step"]) for row in pipeline.rows] == [0]
+
+
 def test_more_workers_than_the_cpus_can_serve_are_refused_before_any_starts(tmp_path: Path,
                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """A thousand explorer processes, each importing torch, used to exhaust the machine and hang the start."""

@@ -709,6 +709,8 @@ def test_resume_after_the_driver_stopped_loses_at_most_a_period(population: tupl
     state["best_generation"] = 3
     (pop_dir / "population.json").write_text(json.dumps(state))
     (pop_dir / "best" / "checkpoint.json").unlink(missing_ok=True)
+    with pytest.raises(ConfigError, match="already finished 4 generations"):
+        resume_pbt(pop_dir, generations=3)  # fewer generations than it trained: refused, copied or not
     copied = resume_pbt(pop_dir)
     last = {int(r["member"]): float(r["score"]) for r in _rows(pop_dir) if r["generation"] == "3"}
     best = max(last, key=lambda k: last[k])
