@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import math
 import multiprocessing.forkserver
 import os
@@ -62,6 +63,8 @@ WORKER_SEED_STRIDE = 10_007
 """Worker w explores sub-envs seeded from ``seed + (w + 1) * WORKER_SEED_STRIDE`` (+ the steps done, on resume)."""
 MAX_WORKERS_PER_CPU = 4
 """More explorer processes than this per CPU are refused: they only wait for a CPU, and each holds torch's memory."""
+HYPERPARAMETER_BYTES = 8192
+"""Room for the learner's mutable hyperparameters as JSON, sent to the explorers with each policy."""
 
 
 class WorkerError(PeerError):
@@ -78,6 +81,7 @@ class _Shared:
     steps: Any  # mp.Value('q'): the learner's env-step count at the last publication
     lock: Any  # guards policy, version and steps
     stop: Any  # mp.Value('b'), set to 1: every process ends its loop
+    hyperparameters: Any  # mp.Array('c'): the learner's mutable hyperparameters as JSON, written with each policy
     # (version, steps and stop are plain shared memory: their reads and writes take no lock of their own, which a
     # process killed inside one would hold for ever; writes of version and steps happen under ``lock``)
     errors: Any  # queue of (process name, message)
@@ -165,6 +169,9 @@ def _explorer(worker: int, config_dict: dict[str, Any], agent_cls: type[Agent], 
                     with _holding(shared.lock, lambda: _exit_if_abandoned(shared)):
                         agent.load_policy_state_dict(shared.policy)
                         used, agent.steps = shared.version.value, shared.steps.value
+                        values = json.loads(shared.hyperparameters.value or b"{}")
+                    if values and any(getattr(agent.config, k) != v for k, v in values.items()):
+                        agent.set_hyperparameters(**values)  # changed in the learner since the last policy
                 if agent.last_obs is None:
                     agent.last_obs = env.reset(seed=config.seed)
                 traj = agent.explore(env, config.horizon)
@@ -227,7 +234,8 @@ class _Pipeline:
         self.shared = _Shared(policy={k: v.share_memory_() for k, v in policy.items()},
                               eval_policy={k: v.clone().share_memory_() for k, v in policy.items()},
                               version=ctx.Value("q", 0, lock=False), steps=ctx.Value("q", agent.steps, lock=False),
-                              lock=ctx.Lock(), stop=ctx.Value("b", 0, lock=False), errors=ctx.Queue())
+                              lock=ctx.Lock(), stop=ctx.Value("b", 0, lock=False), errors=ctx.Queue(),
+                              hyperparameters=ctx.Array("c", HYPERPARAMETER_BYTES, lock=False))
         self.trajectories = [ctx.Queue(maxsize=1) for _ in range(config.workers)]
         self.go = [ctx.Semaphore(0) for _ in range(config.workers)]
         self.policy_lag = 0.0  # mean number of publications the policies of the last round were behind
@@ -252,6 +260,7 @@ class _Pipeline:
         for key, tensor in self.agent.policy_state_dict().items():
             self.shared.policy[key].copy_(tensor)
         self.shared.steps.value = self.agent.steps  # the explorers start from it
+        self._write_hyperparameters()
         self.started = True
         # A fork server started now ignores SIGINT, and so does every child from its start (the learner decides);
         # it ignores SIGTERM too, so that one sent to the whole process group asks each child for a stop
@@ -313,10 +322,21 @@ class _Pipeline:
             for key, tensor in self.shared.policy.items():
                 tensor.copy_(policy[key])
             self.shared.steps.value = self.agent.steps
+            self._write_hyperparameters()
             self.shared.version.value += 1
         if self.agent.on_policy:
             for go in self.go:
                 go.release()
+
+    def _write_hyperparameters(self) -> None:
+        """The learner's mutable hyperparameters (those set while it trains: a PBT exploit, Trainer.set_hyperparameters)
+        for the explorers, which take them with the next policy (exploration noise, epsilon)."""
+        names = self.agent.hyperparameters
+        values = json.dumps({name: getattr(self.agent.config, name) for name in names}).encode()
+        if len(values) >= HYPERPARAMETER_BYTES:
+            raise TrainingError(f"{type(self.agent).__name__}'s hyperparameters take {len(values)} bytes as JSON, "
+                                f"more than the {HYPERPARAMETER_BYTES} the explorers are sent")
+        self.shared.hyperparameters.value = values
 
     def collect(self) -> dict[str, torch.Tensor]:
         """One trajectory from every worker, joined along the sub-env axis on the learner's device."""

@@ -24,13 +24,21 @@ import torch
 
 import jaderl
 from jaderl.algos.sac import SAC
+from jaderl.algos.td3 import TD3
 from jaderl.api import make_config
 from jaderl.cli import main as cli_main
 from jaderl.core.checkpoint import load_checkpoint
 from jaderl.core.config import ConfigError
 from jaderl.envs import make_env
 from jaderl.envs.vec import VecEnv
-from jaderl.parallel.pipeline import POLL_S, WORKER_SEED_STRIDE, WorkerError, _Pipeline, train_pipeline
+from jaderl.parallel.pipeline import (
+    POLL_S,
+    WORKER_SEED_STRIDE,
+    PipelineTrainer,
+    WorkerError,
+    _Pipeline,
+    train_pipeline,
+)
 from tests.conftest import own_session
 
 pytestmark = pytest.mark.usefixtures("no_leftover_processes")
@@ -530,6 +538,31 @@ def test_an_evaluation_asked_for_while_one_runs_waits_for_it(tmp_path: Path) -> 
     finally:
         pipeline.close()
     assert [int(row["step"]) for row in pipeline.rows] == [100, 200]
+
+
+class NoiseRecordingTD3(TD3):
+    """TD3 whose explorer processes append the exploration noise of each rollout to RUN_DIR/noise-PID."""
+
+    def explore(self, env: VecEnv, horizon: int) -> dict[str, torch.Tensor]:
+        with open(Path(self.config.run_dir) / f"noise-{os.getpid()}", "a") as f:
+            f.write(f"{self.config.exploration_noise}\n")
+        return super().explore(env, horizon)
+
+
+def test_hyperparameters_set_in_the_learner_reach_the_explorers(tmp_path: Path) -> None:
+    """A hyperparameter that only exploring uses (TD3's exploration noise), set on the learner while it trains (as a
+    PBT exploit does), goes to the explorer processes with the next policy."""
+    config = make_config("td3", "jaderl/Pendulum-v1", run_dir=str(tmp_path / "run"), seed=0, exploration_noise=0.1,
+                         **SMALL_SAC)
+    with PipelineTrainer(config, NoiseRecordingTD3) as trainer:
+        for _ in range(6):
+            trainer.step()
+        trainer.set_hyperparameters(exploration_noise=0.37)
+        for _ in range(4):
+            trainer.step()
+    files = sorted((tmp_path / "run").glob("noise-*"))
+    noises = [[float(x) for x in f.read_text().split()] for f in files]
+    assert len(files) == 2 and all(n[0] == 0.1 and n[-1] == 0.37 for n in noises), noises
 
 
 def test_an_evaluation_asked_for_before_the_first_step_starts_the_processes(tmp_path: Path) -> None:
