@@ -182,8 +182,9 @@ class MAPPO(MultiAgent, OnPolicyAgent):
         with torch.no_grad():
             data["log_prob"] = self.old_log_prob(data)  # (T, N, A)
             data["advantage"], target, value = self.returns(data)
-            explained = explained_variance(value, target)
             own = "active" in data and not cfg.centralised_critic  # IPPO's targets of agents present only
+            present = data["active"] if own else slice(None)
+            explained = explained_variance(value[present], target[present])
             self.value_norm.update(target[data["active"]] if own else target)
             if self.stats_hook is not None:  # data-parallel learners: every learner's targets, one statistic
                 self.stats_hook(self.value_norm)

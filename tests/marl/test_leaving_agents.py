@@ -15,8 +15,9 @@ pytest.importorskip("pettingzoo")
 import gymnasium as gym
 from pettingzoo import ParallelEnv
 
+from jaderl.algos.ppo import explained_variance
 from jaderl.api import ALGOS, make_config, train
-from jaderl.core.buffers import ReplayBuffer
+from jaderl.core.buffers import ReplayBuffer, RolloutBuffer
 from jaderl.envs import REGISTERED_ENVS, make_env
 from jaderl.envs.pettingzoo import make_pettingzoo_env
 
@@ -134,6 +135,27 @@ def test_ippo_ends_the_returns_of_an_agent_that_leaves(leaving_env: str) -> None
         _, target, _ = agent.returns(data)
     assert torch.allclose(target[LEAVE - 1, :, 1], data["reward"][LEAVE - 1, :, 1])
     assert not torch.allclose(target[LEAVE - 1, :, 0], data["reward"][LEAVE - 1, :, 0])
+
+
+def test_ippos_explained_variance_counts_the_agents_present_only(leaving_env: str) -> None:
+    """The critic's explained variance (a reported statistic) is that of the agents in the episode: the zero
+    observations of an agent that has left are no part of it."""
+    agent = make_agent("ippo", leaving_env)
+    env = make_env(leaving_env, 2, "cpu", seed=0)
+    try:
+        data = agent.explore(env, 2 * LENGTH)
+    finally:
+        env.close()
+    with torch.no_grad():
+        _, target, value = agent.returns(data)
+    active = data["active"]
+    assert not active.all()
+    buffer = RolloutBuffer()
+    buffer.add(data)
+    stats = agent.update(buffer)
+    expected = explained_variance(value[active], target[active])
+    torch.testing.assert_close(stats["policy/explained_variance"], expected)
+    assert not torch.allclose(expected, explained_variance(value, target))
 
 
 def perturb_absent(batch: dict[str, torch.Tensor], continuous: bool) -> dict[str, torch.Tensor]:
