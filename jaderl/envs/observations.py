@@ -48,7 +48,7 @@ def observation_batch(obs: Any, obs_shape: Sequence[int], num_agents: int, devic
             array.dtype.kind == "f" and not (array == np.trunc(array)).all())):
         raise ValueError("predict takes pixel observations as whole numbers in 0..255, as the env gives them (uint8); "
                          f"got values from {array.min():g} to {array.max():g}")
-    x = torch.as_tensor(array, device=device)
+    x = torch.as_tensor(np.ascontiguousarray(array), device=device)  # (a flipped view has negative strides)
     x = x.to(torch.uint8) if obs_dtype == "uint8" else x.float()
     return (x.unsqueeze(0) if single else x), single
 

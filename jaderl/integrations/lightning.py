@@ -61,7 +61,7 @@ from safetensors.torch import save_file
 
 from jaderl.api import ALGOS, build_saved_agent, load_saved_agent, make_config
 from jaderl.core.agent import Agent
-from jaderl.core.checkpoint import finite_or_raise, flatten, unflatten
+from jaderl.core.checkpoint import _atomic_write, finite_or_raise, flatten, unflatten
 from jaderl.core.config import Config, ConfigError
 from jaderl.core.loop import Trainer
 from jaderl.envs import TORCH_ENVS, make_env
@@ -95,13 +95,9 @@ class SafetensorsCheckpointIO(CheckpointIO):
         metadata = {METADATA_KEY: json.dumps({"format": FORMAT, "checkpoint": skeleton})}
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        try:  # a complete file or none: a run killed while saving leaves the previous checkpoints readable
-            save_file(tensors, str(tmp), metadata=metadata)
-            os.replace(tmp, path)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
+        # a complete file or none, on disk before it is renamed: a run killed while saving, or a machine that goes
+        # down, leaves the previous checkpoints readable
+        _atomic_write(path, lambda tmp: save_file(tensors, str(tmp), metadata=metadata))
 
     def load_checkpoint(self, path: str | os.PathLike[str], map_location: Any | None = None,
                         weights_only: bool | None = None) -> dict[str, Any]:
@@ -185,7 +181,8 @@ class JaderlModule(pl.LightningModule):
         if "jaderl" not in checkpoint:
             raise ConfigError(f"{checkpoint_path} holds no jaderl run (it was not written by JaderlModule)")
         saved = checkpoint["jaderl"]["config"]["algo"]
-        hparams = {**checkpoint["hyper_parameters"], **kwargs}
+        keywords = getattr(cls, "BOLTS_KEYWORDS", {})  # a Bolts keyword (learning_rate) overrides its jaderl name (lr)
+        hparams = {**checkpoint["hyper_parameters"], **{keywords.get(k, k): v for k, v in kwargs.items()}}
         if cls.ALGO is None:  # (a Bolts name's checkpoint has no "algo": its class named it)
             algo = hparams.setdefault("algo", saved)
         else:

@@ -56,6 +56,9 @@ def test_predict_takes_single_and_batched_numpy_or_torch_observations(tmp_path: 
     np.testing.assert_array_equal(agent.predict(torch.from_numpy(batch)), actions)
     raw = agent.act(torch.from_numpy(batch), deterministic=True).numpy()
     np.testing.assert_allclose(actions, 2.0 * raw, rtol=1e-6)  # rescaled from [-1, 1] to [-2, 2]
+    # a view with negative strides (np.flip, frame[..., ::-1]) is taken as it reads
+    np.testing.assert_array_equal(agent.predict(batch[::-1]), actions[::-1])
+    np.testing.assert_array_equal(agent.predict(batch[2, ::-1]), agent.predict(batch[2, ::-1].copy()))
 
 
 def test_predict_for_several_agents_takes_and_returns_per_agent_arrays() -> None:

@@ -301,7 +301,9 @@ def test_a_fit_that_raises_closes_the_envs_and_their_workers(tmp_path: Path) -> 
 
 def test_a_bolts_checkpoint_loads_through_jaderl_module_and_other_algorithms_are_refused(tmp_path: Path) -> None:
     saver = ModelCheckpoint(dirpath=tmp_path / "ckpt")
-    lightning_trainer(tmp_path, max_epochs=1, callbacks=[saver]).fit(DQN("CartPole-v1", **TINY_DQN))
+    # (a run that set the learning rate: its checkpoint's hyperparameters name it lr, jaderl's name)
+    lightning_trainer(tmp_path, max_epochs=1, callbacks=[saver]).fit(DQN("CartPole-v1", learning_rate=5e-4,
+                                                                         **TINY_DQN))
     path = next((tmp_path / "ckpt").iterdir())
     loaded = JaderlModule.load_from_checkpoint(path, eval_episodes=7)
     saved = SafetensorsCheckpointIO().load_checkpoint(path)["jaderl"]["config"]
