@@ -105,13 +105,18 @@ def make_agent(algo: str, env: str, **settings: Any) -> Any:
     return ALGOS[algo].agent_cls(config, make_env(env, 2, "cpu", seed=0).spec, torch.device("cpu"))
 
 
-def test_explore_records_the_agents_present(leaving_env: str) -> None:
-    agent = make_agent("ippo", leaving_env)
-    env = make_env(leaving_env, 2, "cpu", seed=0)
+def explored(agent: Any, env_id: str, steps: int) -> dict[str, torch.Tensor]:
+    """What ``agent`` records exploring 2 sub-envs of ``env_id`` (seed 0) for ``steps`` steps."""
+    env = make_env(env_id, 2, "cpu", seed=0)
     try:
-        traj = agent.explore(env, 2 * LENGTH)
+        return agent.explore(env, steps)
     finally:
         env.close()
+
+
+def test_explore_records_the_agents_present(leaving_env: str) -> None:
+    agent = make_agent("ippo", leaving_env)
+    traj = explored(agent, leaving_env, 2 * LENGTH)
     assert traj["active"].shape == traj["next_active"].shape == (2 * LENGTH, 2, 3)
     for t in range(2 * LENGTH):
         step = t % LENGTH + 1  # the step of the episode that t takes
@@ -126,11 +131,7 @@ def test_ippo_ends_the_returns_of_an_agent_that_leaves(leaving_env: str) -> None
     """agent_1's last step (the 2nd of each episode) does not bootstrap from the zeros it observes after it: its value
     target there is its reward; the agents that stay bootstrap (gamma > 0, values != 0)."""
     agent = make_agent("ippo", leaving_env, gamma=0.9, gae_lambda=1.0)
-    env = make_env(leaving_env, 2, "cpu", seed=0)
-    try:
-        data = agent.explore(env, LENGTH)
-    finally:
-        env.close()
+    data = explored(agent, leaving_env, LENGTH)
     with torch.no_grad():
         _, target, _ = agent.returns(data)
     assert torch.allclose(target[LEAVE - 1, :, 1], data["reward"][LEAVE - 1, :, 1])
@@ -141,11 +142,7 @@ def test_ippos_explained_variance_counts_the_agents_present_only(leaving_env: st
     """The critic's explained variance (a reported statistic) is that of the agents in the episode: the zero
     observations of an agent that has left are no part of it."""
     agent = make_agent("ippo", leaving_env)
-    env = make_env(leaving_env, 2, "cpu", seed=0)
-    try:
-        data = agent.explore(env, 2 * LENGTH)
-    finally:
-        env.close()
+    data = explored(agent, leaving_env, 2 * LENGTH)
     with torch.no_grad():
         _, target, value = agent.returns(data)
     active = data["active"]
@@ -208,11 +205,7 @@ def test_the_agents_absent_take_no_part_in_learning(leaving_env: str, algo: str)
     continuous = algo in ("maddpg", "matd3")
     env_id = leaving_env + ("_continuous" if continuous else "")
     agent = make_agent(algo, env_id)
-    env = make_env(env_id, 2, "cpu", seed=0)
-    try:
-        traj = agent.explore(env, 2 * LENGTH)
-    finally:
-        env.close()
+    traj = explored(agent, env_id, 2 * LENGTH)
     batch = {k: v.flatten(0, 1) for k, v in traj.items()}  # (T * N, ...)
     if algo in ("mappo", "ippo"):
         batch["log_prob"] = torch.randn(batch["reward"].shape)
