@@ -27,7 +27,7 @@ from jaderl.core.config import Config, ConfigError
 from jaderl.core.nets import NatureCNN, ObsNorm
 from jaderl.envs.episodes import EpisodeStats
 from jaderl.envs.observations import flag, observation_batch
-from jaderl.envs.vec import EnvError, EnvSpec, VecEnv, rescale_actions
+from jaderl.envs.vec import EnvError, EnvSpec, VecEnv
 
 
 @dataclasses.dataclass(frozen=True)
@@ -167,15 +167,12 @@ class Agent:
     def predict(self, obs: Any, deterministic: bool = True) -> np.ndarray:
         """Actions in the env's own action space for what the env gives: one observation or a batch, numpy or torch
         (several agents: ``(agents, obs_dim)`` or ``(N, agents, obs_dim)``). Continuous actions are rescaled from
-        [-1, 1] to the env's bounds (``spec.action_low`` / ``action_high``, each agent's own) and clipped to them;
-        discrete ones are int64 indices from 0 (add the ``start`` of a Gymnasium ``Discrete`` space that has one).
-        Observations of another shape, non-numeric or non-finite, or pixels outside 0..255, raise ValueError
-        (:func:`jaderl.envs.observations.observation_batch`)."""
+        [-1, 1] to the env's bounds (``spec.action_low`` / ``action_high``, each agent's own), clipped to them, in the
+        Box's dtype (``spec.action_dtype``; rounded for an integer Box); discrete ones are int64 indices from 0 (add the
+        ``start`` of a Gymnasium ``Discrete`` space that has one). Observations of another shape, non-numeric or
+        non-finite, or pixels outside 0..255, raise ValueError (:func:`jaderl.envs.observations.observation_batch`)."""
         x, single = observation_batch(obs, self.obs_shape, self.spec.num_agents, self.device, self.spec.obs_dtype)
-        action = self.act(x, flag("deterministic", deterministic))
-        if (bounds := self.spec.action_bounds(self.device)) is not None:
-            action = rescale_actions(action, *bounds)
-        out = action.cpu().numpy().astype(np.int64 if self.is_discrete else np.float32)
+        out = self.spec.env_actions(self.act(x, flag("deterministic", deterministic)))
         return out[0] if single else out
 
     def begin_explore_step(self, t: int) -> None:

@@ -399,6 +399,7 @@ class PettingZooVecEnv(VecEnv):
             self._low, self._high = (low[0], high[0]) if same else (low.reshape(-1), high.reshape(-1))
             action_space = gym.spaces.Box(low.reshape(-1).astype(dtype), high.reshape(-1).astype(dtype), dtype=dtype)
             self._integer_box = np.issubdtype(dtype, np.integer)  # rescaled actions rounded, not truncated
+            self._action_dtype = str(dtype)
         return _PackedLayout(agents, obs_layout, state_dim, has_state, self.is_discrete), action_space
 
     # -- the contract --------------------------------------------------------------------------------------------

@@ -166,6 +166,9 @@ class EnvSpec:
     """The env's own bounds of a continuous action (jaderl acts in [-1, 1] and the env rescales); None: [-1, 1].
     Several agents with bounds of their own: every agent's, agent after agent (``num_agents * action_dim`` values)."""
     action_high: tuple[float, ...] | None = None
+    action_dtype: str = "float32"
+    """The dtype of a continuous action as the env takes it (its Box's: ``float64``, ``int64`` ...), which
+    :meth:`~jaderl.core.agent.Agent.predict` returns."""
     max_steps: int = 0
     """Episode length at which a sub-env is truncated (0 when it has none)."""
     obs_dtype: str = "float32"
@@ -185,14 +188,28 @@ class EnvSpec:
     def is_multi_agent(self) -> bool:
         return self.num_agents > 1
 
-    def action_bounds(self, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor] | None:
-        """``action_low`` and ``action_high`` as float32 tensors ``(agents or 1, action_dim)``, which broadcast against
-        actions ``(N, action_dim)`` and ``(N, agents, action_dim)``; None where actions are not rescaled."""
+    def action_bounds(self, device: torch.device | str = "cpu",
+                      dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """``action_low`` and ``action_high`` as tensors ``(agents or 1, action_dim)`` (float32 unless ``dtype``), which
+        broadcast against actions ``(N, action_dim)`` and ``(N, agents, action_dim)``; None where actions are not
+        rescaled."""
         if self.is_discrete or self.action_low is None or self.action_high is None:
             return None
-        low, high = (torch.tensor(b, dtype=torch.float32, device=device).view(-1, self.action_dim)
+        low, high = (torch.tensor(b, dtype=dtype, device=device).view(-1, self.action_dim)
                      for b in (self.action_low, self.action_high))
         return low, high
+
+    def env_actions(self, action: torch.Tensor) -> np.ndarray:
+        """An agent's actions as the env's own: discrete ones as int64 indices from 0, continuous ones rescaled from
+        [-1, 1] to the bounds (in float64, so a float64 Box's bounds hold exactly), clipped to them, in
+        :attr:`action_dtype` (rounded to the nearest integer for an integer Box)."""
+        action = action.detach().cpu()
+        if self.is_discrete:
+            return action.numpy().astype(np.int64)
+        if (bounds := self.action_bounds("cpu", torch.float64)) is not None:
+            action = rescale_actions(action.double(), *bounds)
+        dtype = np.dtype(self.action_dtype)
+        return (action.round() if dtype.kind in "iu" else action).numpy().astype(dtype)
 
     def replace(self, **changes: Any) -> EnvSpec:
         return dataclasses.replace(self, **changes)
@@ -234,8 +251,8 @@ class VecEnv:
                        action_dim=self.action_dim, max_steps=self.max_steps, obs_dtype="uint8" if uint8 else "float32",
                        action_low=None if low is None else tuple(float(x) for x in low),
                        action_high=None if high is None else tuple(float(x) for x in high),
-                       num_agents=self.num_agents, state_shape=self.state_shape, teams=tuple(self.teams),
-                       agents_leave=self.agents_leave)
+                       action_dtype=getattr(self, "_action_dtype", "float32"), num_agents=self.num_agents,
+                       state_shape=self.state_shape, teams=tuple(self.teams), agents_leave=self.agents_leave)
 
     def global_state(self) -> torch.Tensor:
         """Multi-agent envs: the global state ``(N, *state_shape)`` of every sub-env now."""
@@ -346,6 +363,7 @@ class GymnasiumSpaces(VecEnv):
             self.is_discrete, self.action_dim = False, int(act_space.shape[0])
             self._low, self._high = act_space.low.astype(np.float64), act_space.high.astype(np.float64)
             self._integer_box = np.issubdtype(act_space.dtype, np.integer)  # rescaled actions rounded, not truncated
+            self._action_dtype = str(act_space.dtype)
         else:
             raise EnvError(f"action space {act_space} is not supported: use Discrete or a 1-D Box")
 

@@ -28,6 +28,7 @@ from jaderl.core.config import ConfigError
 from jaderl.core.evaluator import run_episodes
 from jaderl.core.loop import Trainer
 from jaderl.envs import make_env
+from jaderl.envs.observations import observation_batch
 from jaderl.parallel.fusion import fuse_agents
 
 FREE_SETTINGS = ("seed", "run_dir", "total_steps", "time_limit", "target_return", "eval_every", "eval_episodes",
@@ -142,9 +143,12 @@ class Ensemble:
         return self.combine(torch.stack([agent.act(obs, deterministic) for agent in self.agents]))
 
     def predict(self, obs: Any, deterministic: bool = True) -> np.ndarray:
-        """Combined actions in the env's own action space, as :meth:`Agent.predict` gives them."""
-        actions = np.stack([agent.predict(obs, deterministic) for agent in self.agents])
-        return self.combine(torch.as_tensor(actions)).numpy().astype(actions.dtype)
+        """Combined actions in the env's own action space, as :meth:`Agent.predict` gives them (combined in [-1, 1],
+        then rescaled: an integer Box's mean is rounded once)."""
+        spec = self.spec
+        x, single = observation_batch(obs, spec.obs_shape, spec.num_agents, self.device, spec.obs_dtype)
+        out = spec.env_actions(self.act(x, deterministic))
+        return out[0] if single else out
 
     def evaluate(self, episodes: int = 10, seed: int = 12_345) -> dict[str, Any]:
         """Mean and std of the ensemble's return over ``episodes`` deterministic episodes (as ``jaderl eval``)."""

@@ -157,3 +157,46 @@ def test_predict_rescales_every_agent_to_its_own_bounds() -> None:
     np.testing.assert_array_equal(actions[0], high.astype(np.float32))
     np.testing.assert_array_equal(actions[1], low.astype(np.float32))
     np.testing.assert_allclose(agent.predict(np.zeros((3, 18))), (low + high) / 2, rtol=0, atol=1e-6)  # one
+
+
+class _BoxActions(gym.Env):
+    """Three zero observations, and actions of the Box given."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
+
+    def __init__(self, action_space: gym.spaces.Box) -> None:
+        self.action_space = action_space
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, dict]:
+        super().reset(seed=seed)
+        return np.zeros(3, np.float32), {}
+
+    def step(self, action: np.ndarray) -> tuple[np.ndarray, float, bool, bool, dict]:
+        return np.zeros(3, np.float32), 0.0, False, False, {}
+
+
+@pytest.mark.parametrize(("space", "expected"), [
+    (gym.spaces.Box(0, 10, (2,), np.int64), [[10, 10], [0, 0], [7, 2]]),  # rounded: 7.0 and 2.0, never 6 or 1
+    (gym.spaces.Box(np.array([-0.1, 0.3]), np.array([0.7, 0.9]), dtype=np.float64),
+     [[0.7, 0.9], [-0.1, 0.3], [0.46, 0.42]]),  # float32's -0.1 would fall below the float64 bound
+])
+def test_predict_returns_actions_in_the_box_dtype_that_its_contains_accepts(space: gym.spaces.Box,
+                                                                           expected: list) -> None:
+    from jaderl.api import ALGOS, make_config
+    from jaderl.envs.vec import GymnasiumVecEnv
+    from jaderl.population.ensemble import Ensemble
+
+    env = GymnasiumVecEnv(_BoxActions(space))
+    assert env.spec.action_dtype == str(space.dtype)
+    agent = ALGOS["sac"].agent_cls(make_config("sac", "jaderl/Pendulum-v1", device="cpu"), env.spec,
+                                   torch.device("cpu"))
+    agent.act = _saturated  # type: ignore[method-assign]
+    obs = np.array([[5.0, 5.0, 0.0], [-5.0, -5.0, 0.0], [4e-4, -6e-4, 0.0]])  # [-1, 1]: (1, 1), (-1, -1), (0.4, -0.6)
+    actions = agent.predict(obs)
+    assert actions.dtype == space.dtype and all(space.contains(a) for a in actions)
+    np.testing.assert_allclose(actions, expected, rtol=0, atol=1e-6)  # the observations are float32
+    assert space.contains(agent.predict(obs[2]))
+    ensemble = Ensemble([agent, agent])
+    ensemble.act = lambda x, deterministic=True: _saturated(x)  # type: ignore[method-assign]
+    np.testing.assert_array_equal(ensemble.predict(obs), actions)  # combined, then rescaled once
+    env.close()

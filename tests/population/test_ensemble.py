@@ -132,7 +132,9 @@ class _Fixed:
 
     def __init__(self, action: Any, discrete: bool, agent: Any) -> None:
         self.action, self.is_discrete = action, discrete
-        self.config, self.spec, self.device, self.action_dim = agent.config, agent.spec, agent.device, 3
+        self.config, self.device, self.action_dim = agent.config, agent.device, 3
+        # continuous actions: a spec that says so (in [-1, 1], not rescaled)
+        self.spec = agent.spec if discrete else agent.spec.replace(is_discrete=False, action_dim=len(action))
 
     def act(self, obs: torch.Tensor, deterministic: bool = True) -> torch.Tensor:
         return torch.as_tensor(self.action).expand(obs.shape[0], *np.shape(self.action)).clone()
