@@ -27,16 +27,18 @@ What the adapter decides, since PettingZoo leaves it open:
   sub-env resets, also where the env goes on reporting them (PettingZoo allows it), and their actions are dropped.
   :meth:`PettingZooVecEnv.active_agents` ``(N, A)`` tells which agents are in each episode (``env.agents``), and
   ``info["final_active"]`` which are still in after a step (before any reset; at an episode's end, those of its
-  last step, whose bootstrap ``terminated`` decides), so the
+  last step that were truncated and not terminated, which bootstrap), so the
   multi-agent algorithms learn only from the agents present (``agents_leave`` of the env's spec): a leaving agent's
   last step ends its own returns, and the steps of agents that have left take no part in any loss.
 * **Episodes**: a sub-env is done when all its agents have left (``env.agents`` is empty). It is ``truncated`` when
   any of the agents leaving on that step was truncated (PettingZoo's ``truncations``; MPE2's ``max_cycles``) and
-  ``terminated`` when any of them was terminated or none was truncated, so both can be true, as with Gymnasium's
-  ``TimeLimit``. Done sub-envs reset (without a seed: their random stream goes on) within the same step;
-  ``info["final_obs"]`` ``(N, A, obs_dim)`` and ``info["final_state"]`` ``(N, state_dim)`` hold what they reached
-  before the reset (equal to ``obs`` and the global state elsewhere). ``max_steps`` is the env's ``max_cycles``
-  (0 when it has none).
+  ``terminated`` when none of them was cut by the time limit (truncated and not terminated), so both can be true,
+  as with Gymnasium's ``TimeLimit``. Where some agents terminate on the step that truncates the others, the sub-env
+  is truncated, not terminated, and ``info["final_active"]`` holds the truncated agents only: each agent's
+  bootstrap follows its own end (MAPPO's team value bootstraps, as at any truncation). Done sub-envs reset (without
+  a seed: their random stream goes on) within the same step; ``info["final_obs"]`` ``(N, A, obs_dim)`` and
+  ``info["final_state"]`` ``(N, state_dim)`` hold what they reached before the reset (equal to ``obs`` and the
+  global state elsewhere). ``max_steps`` is the env's ``max_cycles`` (0 when it has none).
 * **Global state** (:meth:`PettingZooVecEnv.global_state`, ``(N, state_dim)``): the env's ``state()``, flattened,
   when it has one; otherwise every agent's observation, flattened and concatenated in agent order (without padding
   or one-hot; zeros for agents that have left).
@@ -227,7 +229,7 @@ class _PackedParallelEnv(gym.Env):
 
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, dict]:
         obs, _ = self.env.reset(seed=seed)
-        return self._pack(obs, {}, set(self.env.agents)), {}
+        return self._pack(obs, {}, set(self.env.agents), set(self.env.agents)), {}
 
     def step(self, action: np.ndarray) -> tuple[np.ndarray, float, bool, bool, dict]:
         per_agent = action if self._discrete else action.reshape(len(self.layout.agents), self._action_size)
@@ -239,12 +241,17 @@ class _PackedParallelEnv(gym.Env):
         # PettingZoo lets an env go on reporting agents that left earlier, which observe zeros and get 0 here
         present = alive | set(self.env.agents)
         done = not self.env.agents
+        # at an end, the agents cut by a time limit (truncated, not terminated) bootstrap and those that terminated
+        # do not: the cut ones count as still in, and the sub-env is terminated only where none was cut
+        cut = {name for name in present if truncations.get(name, False) and not terminations.get(name, False)}
         truncated = done and any(bool(truncations.get(name, False)) for name in present)
-        terminated = done and (any(bool(terminations.get(name, False)) for name in present) or not truncated)
-        return self._pack(obs, rewards, present), 0.0, terminated, truncated, {}
+        terminated = done and not cut
+        return self._pack(obs, rewards, present, cut if done else set(self.env.agents)), 0.0, terminated, truncated, {}
 
-    def _pack(self, obs: dict[str, Any], rewards: dict[str, float], present: set[str]) -> np.ndarray:
-        """One packed row of the observations and rewards of the ``present`` agents (the others get zeros)."""
+    def _pack(self, obs: dict[str, Any], rewards: dict[str, float], present: set[str], still_in: set[str]
+              ) -> np.ndarray:
+        """One packed row of the observations and rewards of the ``present`` agents (the others get zeros), and
+        which agents are ``still_in`` after the step."""
         layout = self.layout
         row = np.zeros(layout.row_size, np.float32)
         agent_rows = row[:layout.obs_size].reshape(len(layout.agents), layout.obs.obs_dim)
@@ -262,7 +269,7 @@ class _PackedParallelEnv(gym.Env):
         end, num_agents = layout.obs_size + layout.state_dim, len(layout.agents)
         row[end:end + num_agents] = [float(rewards.get(name, 0.0)) if name in present else 0.0
                                      for name in layout.agents]
-        row[end + num_agents:] = [name in self.env.agents for name in layout.agents]
+        row[end + num_agents:] = [name in still_in for name in layout.agents]
         check_finite("observation", agent_rows)
         check_finite("global state", state)
         check_finite("reward", row[end:end + num_agents])
@@ -447,12 +454,9 @@ class PettingZooVecEnv(VecEnv):
             rows, final_rows = self._rows(views["obs"]), self._rows(views["final_obs"])
             terminated = torch.tensor(views["terminated"], device=self.device)
             truncated = torch.tensor(views["truncated"], device=self.device)
-        before = self._active
         obs, self._state, _, self._active = self._unpack(rows)
-        # a reset's row has no reward: read the final one
+        # a reset's row has no reward: read the final one (at an episode's end, its agents cut by the time limit)
         final_obs, final_state, reward, final_active = self._unpack(final_rows)
-        # at an episode's end, the agents of its last step: terminated, not their leaving, decides their bootstrap
-        final_active = final_active | (before & (terminated | truncated).unsqueeze(-1))
         return obs, reward, terminated, truncated, {"final_obs": final_obs, "final_state": final_state,
                                                     "final_active": final_active}
 

@@ -181,8 +181,8 @@ class EnvSpec:
     agents_leave: bool = False
     """Whether agents may leave an episode before it ends (or join it late): the env then tells which agents act,
     :meth:`VecEnv.active_agents` ``(N, num_agents)`` bool, and which are still in after a step,
-    ``info["final_active"]`` (before any auto-reset; at an episode's end, those of its last step, whose bootstrap
-    ``terminated`` decides), and multi-agent algorithms learn from the agents present only."""
+    ``info["final_active"]`` (before any auto-reset; at an episode's end, those of its last step that bootstrap: cut
+    by a time limit, not terminated), and multi-agent algorithms learn from the agents present only."""
 
     @property
     def is_multi_agent(self) -> bool:

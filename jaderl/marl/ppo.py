@@ -169,9 +169,8 @@ class MAPPO(MultiAgent, OnPolicyAgent):
         reward = self.team_reward(data["reward"]).unsqueeze(-1) if cfg.centralised_critic else data["reward"]
         terminated = data["terminated"] if cfg.bootstrap_truncated else data["terminated"] | data["truncated"]
         terminated, truncated = (x.unsqueeze(-1).expand_as(value) for x in (terminated, data["truncated"]))
-        if "active" in data and not cfg.centralised_critic:  # an agent that leaves mid-episode ends its own returns
-            ended = (data["terminated"] | data["truncated"]).unsqueeze(-1)
-            terminated = terminated | (data["active"] & ~data["next_active"] & ~ended)
+        if "active" in data and not cfg.centralised_critic:  # an agent that leaves ends its own returns (at an
+            terminated = terminated | (data["active"] & ~data["next_active"])  # episode's end: one not cut by time)
         advantage, target = gae(reward, value, next_value, terminated, truncated, cfg.gamma, cfg.gae_lambda)
         return advantage, target, value
 

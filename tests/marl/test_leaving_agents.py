@@ -32,9 +32,9 @@ class LeavingEnv(ParallelEnv):
 
     metadata: ClassVar[dict[str, Any]] = {"name": "leaving_v0"}
 
-    def __init__(self, leave: bool = True, continuous: bool = False) -> None:
+    def __init__(self, leave: bool = True, continuous: bool = False, leave_at: int = LEAVE) -> None:
         self.possible_agents = [f"agent_{i}" for i in range(3)]
-        self.leave, self.continuous = leave, continuous
+        self.leave, self.continuous, self.leave_at = leave, continuous, leave_at
         self.agents: list[str] = []
         self.t = 0
 
@@ -55,7 +55,7 @@ class LeavingEnv(ParallelEnv):
         act = {a: float(np.asarray(actions[a]).reshape(-1)[0]) for a in self.agents}
         obs = {a: np.array([self.t, index[a], act[a]], np.float32) for a in self.agents}
         rewards = {a: index[a] + 1.0 + act[a] for a in self.agents}
-        terminations = {a: self.leave and a == "agent_1" and self.t >= LEAVE for a in self.agents}
+        terminations = {a: self.leave and a == "agent_1" and self.t >= self.leave_at for a in self.agents}
         truncations = {a: self.t >= LENGTH for a in self.agents}
         self.agents = [a for a in self.agents if not (terminations[a] or truncations[a])]
         return obs, rewards, terminations, truncations, {a: {} for a in obs}
@@ -136,6 +136,37 @@ def test_ippo_ends_the_returns_of_an_agent_that_leaves(leaving_env: str) -> None
         _, target, _ = agent.returns(data)
     assert torch.allclose(target[LEAVE - 1, :, 1], data["reward"][LEAVE - 1, :, 1])
     assert not torch.allclose(target[LEAVE - 1, :, 0], data["reward"][LEAVE - 1, :, 0])
+
+
+@pytest.mark.parametrize("algo", ["ippo", "qmix", "maddpg"])
+def test_an_agent_that_terminates_as_the_others_are_truncated_ends_its_returns_alone(leaving_env: str,
+                                                                                     algo: str) -> None:
+    """agent_1 terminates on the step that truncates the others: the sub-env is truncated, not terminated, and only
+    agent_1 is out of ``final_active``, so the others bootstrap past the time limit and agent_1 does not."""
+    continuous = algo == "maddpg"
+    env = make_pettingzoo_env(LeavingEnv, 2, seed=0, continuous=continuous, leave_at=LENGTH)
+    agent = make_agent(algo, leaving_env + ("_continuous" if continuous else ""), gamma=0.9,
+                       **({"gae_lambda": 1.0, "bootstrap_truncated": True} if algo == "ippo" else {}))
+    try:
+        data = agent.explore(env, LENGTH)
+    finally:
+        env.close()
+    last = LENGTH - 1
+    assert not data["terminated"][last].any() and data["truncated"][last].all()
+    assert data["next_active"][last].tolist() == [[True, False, True]] * 2
+    batch = {k: v[last] for k, v in data.items()} | {"discount": torch.full((2,), 0.9)}  # the last step's
+    if algo == "qmix":  # a next value of 0 mixed for agent_1 only: the target moves with the others' next values
+        with torch.no_grad():
+            base = agent.q_loss(batch)[0]
+            for index, moves in ((1, False), (0, True)):
+                next_obs = batch["next_obs"].clone()
+                next_obs[:, index] += 3.0
+                assert (not torch.allclose(base, agent.q_loss(batch | {"next_obs": next_obs})[0])) == moves, index
+        return
+    with torch.no_grad():  # each agent's own value target at the last step (N, agents)
+        target = agent.returns(data)[1][last] if algo == "ippo" else agent.td_target(batch)
+    assert torch.allclose(target[:, 1], data["reward"][last, :, 1])  # agent_1: its reward, no more
+    assert not torch.allclose(target[:, 0], data["reward"][last, :, 0])  # agent_0 bootstraps
 
 
 def test_ippos_explained_variance_counts_the_agents_present_only(leaving_env: str) -> None:
