@@ -59,7 +59,7 @@ except ImportError:  # pragma: no cover - exercised only without the extra
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from jaderl.api import ALGOS, build_saved_agent, load_saved_agent, make_config
+from jaderl.api import ALGOS, RESUME_SETTINGS, build_saved_agent, load_saved_agent, make_config
 from jaderl.core.agent import Agent
 from jaderl.core.checkpoint import _atomic_write, finite_or_raise, flatten, unflatten
 from jaderl.core.config import Config, ConfigError
@@ -115,11 +115,17 @@ class SafetensorsCheckpointIO(CheckpointIO):
         if header is None:
             raise ConfigError(f"{path} is a safetensors file but not a Lightning checkpoint of jaderl (no "
                               f"{METADATA_KEY!r} metadata)")
-        meta = json.loads(header)
-        if meta.get("format") != FORMAT:
-            raise ConfigError(f"{path} holds a checkpoint of format {meta.get('format')}; this jaderl reads format "
-                              f"{FORMAT}")
-        return unflatten(meta["checkpoint"], tensors)
+        try:
+            meta = json.loads(header)
+            if meta.get("format") != FORMAT:
+                raise ConfigError(f"{path} holds a checkpoint of format {meta.get('format')}; this jaderl reads "
+                                  f"format {FORMAT}")
+            return unflatten(meta["checkpoint"], tensors)
+        except (ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:  # (ConfigError: a ValueError)
+            if isinstance(exc, ConfigError):
+                raise
+            raise ConfigError(f"{path} is a damaged Lightning checkpoint (its {METADATA_KEY!r} metadata cannot be "
+                              "read); resume from another checkpoint of the run") from None
 
     def remove_checkpoint(self, path: str | os.PathLike[str]) -> None:
         Path(path).unlink(missing_ok=True)
@@ -390,6 +396,14 @@ class JaderlModule(pl.LightningModule):
         if self.jaderl_trainer is None:
             raise RuntimeError("a jaderl checkpoint is loaded by Trainer.fit(model, ckpt_path=...)")
         state = checkpoint["jaderl"]
+        # the settings that shaped the saved networks, optimizers and buffer must be this module's (as jaderl resume)
+        saved, mine = (json.loads(json.dumps(c)) for c in (state["config"], self.config.to_dict()))
+        free = {*RESUME_SETTINGS, *self.jaderl_trainer.agent.hyperparameters, "run_dir"}
+        if changed := [k for k in mine if k not in free and saved.get(k, mine[k]) != mine[k]]:
+            k = changed[0]
+            raise ConfigError(f"this Lightning checkpoint's run was trained with {k}={saved[k]!r}, and this module "
+                              f"has {k}={mine[k]!r}; build the module with the run's settings to train on "
+                              "(JaderlModule.load_from_checkpoint(path) gives one), or start a new run")
         finite_or_raise(state["agent"]["networks"], "the Lightning checkpoint")
         rank = self.trainer.global_rank
         if rank > 0:

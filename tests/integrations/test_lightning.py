@@ -152,6 +152,23 @@ def test_a_finished_run_resumed_from_its_last_checkpoint_trains_no_further(tmp_p
     assert resumed.jaderl_trainer.best_return == model.jaderl_trainer.best_return
 
 
+def test_a_checkpoint_of_other_settings_is_refused_before_training_on(tmp_path: Path) -> None:
+    """A module of other network sizes (or another algorithm's settings) cannot continue the checkpoint's run: one
+    sentence names the setting, and the module built by load_from_checkpoint trains on."""
+    model = JaderlModule("dqn", "jaderl/CartPole-v1", **(TINY_DQN | {"total_steps": 200}))
+    trainer = lightning_trainer(tmp_path / "first")
+    trainer.fit(model)
+    (saved,) = (Path(trainer.logger.log_dir) / "checkpoints").iterdir()
+    other = JaderlModule("dqn", "jaderl/CartPole-v1", **(TINY_DQN | {"hidden": [16]}))
+    with pytest.raises(ConfigError, match=r"^this Lightning checkpoint's run was trained with hidden=\[32, 32\], and "
+                                          r"this module has hidden=\[16\]; build the module with the run's settings"):
+        lightning_trainer(tmp_path / "other").fit(other, ckpt_path=saved)
+    # a budget and a mutable hyperparameter may change, as with jaderl resume
+    resumed = JaderlModule("dqn", "jaderl/CartPole-v1", **(TINY_DQN | {"total_steps": 400, "lr": 5e-4}))
+    lightning_trainer(tmp_path / "again", max_epochs=10).fit(resumed, ckpt_path=saved)
+    assert resumed.agent.steps == 400
+
+
 @pytest.mark.alone  # 400 steps must train within the 2 s that the limit leaves beside the evaluations
 def test_time_limit_counts_the_evaluations_as_jaderl_train_does(tmp_path: Path,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
@@ -260,6 +277,12 @@ def test_checkpoint_io_round_trip_and_refusals(tmp_path: Path) -> None:
         io.load_checkpoint(tmp_path / "pickle.ckpt")
     io.remove_checkpoint(tmp_path / "a.ckpt")
     assert not (tmp_path / "a.ckpt").exists()
+    from safetensors.torch import save_file
+    for i, header in enumerate(['{"format": 1, "checkpoint": {"x"', '[1, 2]', '{"format": 1}']):  # damaged metadata
+        save_file({"t": torch.zeros(1)}, str(tmp_path / f"damaged{i}.ckpt"), metadata={METADATA_KEY: header})
+        with pytest.raises(ConfigError, match=r"is a damaged Lightning checkpoint \(its 'jaderl.lightning' metadata "
+                                              r"cannot be read\); resume from another checkpoint of the run$"):
+            io.load_checkpoint(tmp_path / f"damaged{i}.ckpt")
 
 
 SAC_SETTINGS = dict(warmup_steps=50, batch_size=32, buffer_size=500, hidden=[32, 32], updates_per_step=0.25)
