@@ -182,7 +182,8 @@ class JaderlModule(pl.LightningModule):
                              map_location: str | torch.device | None = None, **kwargs: Any) -> JaderlModule:
         """The module of a checkpoint written by :class:`SafetensorsCheckpointIO`, with its trained agent in
         :attr:`agent` (on ``map_location``, default CPU) for ``agent.predict``; ``kwargs`` override its
-        hyperparameters. To train on, pass the file to ``Trainer.fit(module, ckpt_path=...)`` instead."""
+        hyperparameters. To train on, pass the file to ``Trainer.fit(module, ckpt_path=...)`` (with this module, or
+        a new one of the run's settings); the run then goes on in a new run directory."""
         checkpoint = SafetensorsCheckpointIO().load_checkpoint(checkpoint_path)
         if "jaderl" not in checkpoint:
             raise ConfigError(f"{checkpoint_path} holds no jaderl run (it was not written by JaderlModule)")
@@ -202,7 +203,8 @@ class JaderlModule(pl.LightningModule):
         # the networks as the run built them: its saved config, not one resolved again (a zoo entry may change)
         names = [getattr(cls, "BOLTS_KEYWORDS", {}).get(k, k) for k in kwargs]  # a Bolts keyword: its jaderl name
         overrides = {k: getattr(module.config, k) for k in names if hasattr(module.config, k)}
-        saved_config = {**checkpoint["jaderl"]["config"], **overrides}
+        # training on (fit with ckpt_path) writes a new run directory beside the logs, unless run_dir= is given
+        saved_config = {**checkpoint["jaderl"]["config"], "run_dir": "", **overrides}
         config = type(module.config).from_dict(saved_config).replace(device=str(device))
         module.config = config
         probe = make_env(config.env, 1, device)

@@ -167,6 +167,11 @@ def test_a_checkpoint_of_other_settings_is_refused_before_training_on(tmp_path: 
     resumed = JaderlModule("dqn", "jaderl/CartPole-v1", **(TINY_DQN | {"total_steps": 400, "lr": 5e-4}))
     lightning_trainer(tmp_path / "again", max_epochs=10).fit(resumed, ckpt_path=saved)
     assert resumed.agent.steps == 400
+    loaded = JaderlModule.load_from_checkpoint(saved, total_steps=400)  # the run's settings, a new run directory
+    trainer = lightning_trainer(tmp_path / "loaded", max_epochs=10)
+    trainer.fit(loaded, ckpt_path=saved)
+    assert loaded.agent.steps == 400 and loaded.jaderl_trainer is not None
+    assert loaded.jaderl_trainer.run_dir == Path(trainer.logger.log_dir) / "jaderl-run"
 
 
 @pytest.mark.alone  # 400 steps must train within the 2 s that the limit leaves beside the evaluations
