@@ -45,6 +45,7 @@ from jaderl.population.member import remote_worker
 from jaderl.population.pbt import check_fits
 from jaderl.population.space import Space, check_not_fixed, explore, parse_space, sample, space_entries
 from jaderl.population.store import (
+    checkpoint_steps,
     copy_run,
     driven,
     new_population_dir,
@@ -381,10 +382,10 @@ class _Tournament:
                     if not isinstance(exc.cause, TrainingError):
                         first = (str(exc.cause).strip().splitlines() or [type(exc.cause).__name__])[0]
                         raise PopulationError(f"member {info['member']} failed: {first}") from None
-                    result, described = {"score": -math.inf, "steps": 0}, unknown
+                    result, described = self.failed(info), unknown
                     ray.kill(actor, no_restart=True)  # (its Trainer diverged: the next member gets a new process)
                 except process_gone(ray):  # its process died: it simply leaves the tournament
-                    result, described = {"score": -math.inf, "steps": 0}, unknown
+                    result, described = self.failed(info), unknown
                     ray.kill(actor, no_restart=True)
                 else:  # its period ended with a checkpoint and a score, which stand whatever happens to it now
                     try:
@@ -414,6 +415,11 @@ class _Tournament:
         if not entries:
             raise PopulationError("no member finished a period with a score; see the members' run directories")
         return _copy_best(self.pop_dir, entries, rounds, round(time.perf_counter() - start, 3))
+
+    def failed(self, info: dict[str, Any]) -> dict[str, Any]:
+        """The result of a member that failed: no score, and the env steps of its last checkpoint (0 where it has
+        none, or where its run directory is on another node's disk)."""
+        return {"score": -math.inf, "steps": checkpoint_steps(self.pop_dir / "members" / info["member"])}
 
     def update(self, board: Any, info: dict[str, Any], result: dict[str, Any], described: dict[str, Any]) -> None:
         """The updater: insert a finished member into the leaderboard by its score; record tournament.csv."""

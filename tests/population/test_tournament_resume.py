@@ -280,6 +280,27 @@ def test_a_member_killed_by_rays_memory_monitor_leaves_the_tournament_like_one_t
     assert len({id(member) for member in calls}) == 2  # round 2 in a new process: the killed one is not reused
 
 
+def test_a_member_that_dies_records_the_steps_of_its_last_checkpoint(fake_ray: FakeRay, tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A member whose process dies after it checkpointed (before its result came back) has no score, and its row
+    records the env steps it trained to, not 0."""
+    train_for, calls = Standby.train_for, []
+
+    def dies_after_training(self: Standby, steps: int) -> dict[str, Any]:
+        calls.append(self)
+        result = train_for(self, steps)
+        if len(calls) == 2:
+            raise FakeRay.exceptions.RayActorError("The actor died unexpectedly before finishing this task.")
+        return result
+
+    monkeypatch.setattr(Standby, "train_for", dies_after_training)
+    pop_dir = tmp_path / "t"
+    tournament("ppo", ENV, pool=1, period=PERIOD, rounds=2, leaderboard_size=3, strategy_weights=(0, 0, 1),
+               seed=1, run_dir=str(pop_dir), **TINY)
+    assert [(r["member"], float(r["score"]) == float("-inf"), int(r["steps"])) for r in _rows(pop_dir)] == \
+        [("t0000", False, PERIOD), ("t0001", True, PERIOD)]
+
+
 def test_a_member_that_dies_after_its_period_keeps_its_score(fake_ray: FakeRay, tmp_path: Path,
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     """A member's process dies after its period ended (checkpointed, scored) while it describes itself: its period
