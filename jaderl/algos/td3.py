@@ -79,8 +79,11 @@ class TD3(WithHTerm, OffPolicyAgent):
     @classmethod
     def live_hyperparameters(cls, config: TD3Config, spec: EnvSpec) -> dict[str, Hyperparameter]:
         """The mutable hyperparameters that a population searches under ``config``: not ``target_noise`` where it is
-        0 (DDPG): perturbing 0 leaves it 0, and a fresh draw would turn DDPG's target into TD3's smoothed one."""
-        return {k: h for k, h in cls.hyperparameters.items() if k != "target_noise" or config.target_noise > 0}
+        0 (DDPG): perturbing 0 leaves it 0, and a fresh draw would turn DDPG's target into TD3's smoothed one; nor
+        ``exploration_noise`` under ``noise="ou"``, which explores with ``ou_sigma`` and ``ou_theta``."""
+        unused = {"target_noise"} if config.target_noise == 0 else set()
+        return {k: h for k, h in cls.hyperparameters.items()
+                if k not in unused | ({"exploration_noise"} if config.noise == "ou" else set())}
 
     def __init__(self, config: TD3Config, spec: EnvSpec, device: torch.device) -> None:
         super().__init__(config, spec, device)
@@ -127,9 +130,12 @@ class TD3(WithHTerm, OffPolicyAgent):
             self.actor_loss_value = state["actor_loss_value"].to(self.device, copy=True)
 
     def hterm_log_prob(self, features: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
-        """The Gaussian log-likelihood of the exploration noise around mu(s), up to a constant."""
-        sigma2 = max(self.config.exploration_noise, 1e-3) ** 2
-        return -(action - self.actor(features)).square().sum(-1) / (2 * sigma2)
+        """The Gaussian log-likelihood of the exploration noise around mu(s), up to a constant: its std is
+        ``exploration_noise`` (OU noise: its stationary std), at least 0.05, so that a small noise cannot scale the
+        H-term's gradient up by orders of magnitude (warm-up actions lie far from mu(s))."""
+        cfg = self.config
+        std = cfg.ou_sigma / (cfg.ou_theta * (2 - cfg.ou_theta)) ** 0.5 if cfg.noise == "ou" else cfg.exploration_noise
+        return -(action - self.actor(features)).square().sum(-1) / (2 * max(std, 0.05) ** 2)
 
     def hterm_actor(self) -> tuple[nn.Module, torch.optim.Optimizer]:
         return self.actor, self.actor_optimizer

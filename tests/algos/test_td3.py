@@ -233,3 +233,16 @@ def test_config_validation(field: str, value: Any, message: str) -> None:
     settings = {"buffer_size": 256} if field == "batch_size" else {}
     with pytest.raises(ConfigError, match=re.escape(message)):
         TD3Config(**settings, **{field: value})
+
+
+@pytest.mark.parametrize(("settings", "std"), [
+    ({"exploration_noise": 0.2}, 0.2),
+    ({"exploration_noise": 0.0}, 0.05),  # at least 0.05: no H-term gradient scaled up without bound
+    ({"noise": "ou", "ou_sigma": 0.3, "ou_theta": 0.5}, 0.3 / 0.75 ** 0.5),  # OU: its stationary std
+])
+def test_the_hterm_likelihood_uses_the_std_of_the_noise_explored_with(settings: dict[str, Any], std: float) -> None:
+    agent = make_agent(**settings)
+    features, action = torch.randn(5, 3), torch.rand(5, 1) * 2 - 1
+    with torch.no_grad():
+        expected = -(action - agent.actor(features)).square().sum(-1) / (2 * std ** 2)
+        torch.testing.assert_close(agent.hterm_log_prob(features, action), expected)

@@ -125,6 +125,7 @@ def test_every_error_that_says_a_members_process_is_gone_is_caught_as_such() -> 
     ("matd3", "jaderl/simple_spread?continuous=true", {}, set()),
     ("ddpg", "jaderl/Pendulum-v1", {}, {"target_noise"}),  # a draw of it would smooth DDPG's target as TD3 does
     ("td3", "jaderl/Pendulum-v1", {}, set()),
+    ("ddpg", "jaderl/Pendulum-v1", {"noise": "ou"}, {"target_noise", "exploration_noise"}),  # OU: ou_sigma explores
 ])
 def test_default_space_leaves_out_hyperparameters_without_effect(algo: str, env: str, settings: dict[str, Any],
                                                                  dead: set[str]) -> None:
