@@ -335,7 +335,8 @@ def test_a_bolts_checkpoint_loads_through_jaderl_module_and_other_algorithms_are
     path = next((tmp_path / "ckpt").iterdir())
     loaded = JaderlModule.load_from_checkpoint(path, eval_episodes=7)
     saved = SafetensorsCheckpointIO().load_checkpoint(path)["jaderl"]["config"]
-    assert loaded.agent.config.to_dict() == {**saved, "eval_episodes": 7}  # as the run built it, with the override
+    # as the run built it, with the override (and no run directory: training on writes a new one)
+    assert loaded.agent.config.to_dict() == {**saved, "eval_episodes": 7, "run_dir": ""}
     assert DQN.load_from_checkpoint(path).agent.config.algo == "dqn"
     # a Bolts keyword overrides the setting it names
     assert DQN.load_from_checkpoint(path, eps_end=0.07, learning_rate=1e-3).agent.config.epsilon_end == 0.07
