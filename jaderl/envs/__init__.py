@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import math
+import numbers
 from collections.abc import Callable, Iterator
 
 import torch
@@ -196,6 +197,11 @@ def make_env(name: str, num_envs: int, device: torch.device | str = "cpu", seed:
     ``workers > 0`` steps a Gymnasium id in that many worker processes alongside this one, through shared memory
     (:class:`~jaderl.envs.subproc.SubprocVecEnv`); the default steps it in this process. Torch-native and Atari
     envs ignore it."""
+    if isinstance(num_envs, bool) or not isinstance(num_envs, numbers.Integral) or num_envs < 1:
+        raise EnvError(f"num_envs={num_envs!r} is invalid: give a whole number >= 1 (how many sub-envs to step)")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)):
+        raise EnvError(f"seed={seed!r} is invalid: give a whole number, or None for a random one")
+    num_envs, seed = int(num_envs), None if seed is None else int(seed)
     if torch.device(device).type == "cuda" and not torch.cuda.is_available():
         raise EnvError(f"env {name!r} was asked for on device {str(device)!r} but CUDA is not available; use device "
                        "cpu")

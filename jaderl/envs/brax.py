@@ -136,8 +136,7 @@ class JaxVecEnv(VecEnv):
         return obs
 
     def step(self, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, dict]:
-        if not isinstance(action, torch.Tensor):  # a list or NumPy array of numbers
-            action = as_action_tensor(action, self.device, f"the {self.label} env")
+        action = as_action_tensor(action, self.device, f"the {self.label} env")  # (a tensor: detached)
         if self._state is None:
             self.reset()
         if action.numel() != self.num_envs * self.action_dim:

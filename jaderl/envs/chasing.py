@@ -107,8 +107,7 @@ class ChasingEnv(_TorchClassicEnv):
         """Move target and agent one step, reward the approach, catch, truncate and auto-reset (module docstring).
 
         ``action`` may also be a list or NumPy array of numbers, converted to a tensor on the env's device."""
-        if not isinstance(action, torch.Tensor):
-            action = as_action_tensor(action, self.device, type(self).__name__)
+        action = as_action_tensor(action, self.device, type(self).__name__)  # (a tensor: detached)
         if action.numel() != self.num_envs * self.dim:
             raise EnvError(
                 f"expected ({self.num_envs}, {self.dim}) actions (one {self.dim}-vector per sub-env), "

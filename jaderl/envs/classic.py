@@ -49,6 +49,7 @@ from jaderl.envs.vec import (
     as_action_tensor,
     discrete_action_error,
     refuse_non_integral,
+    state_tensors,
 )
 
 __all__ = [
@@ -158,12 +159,16 @@ class _TorchClassicEnv(VecEnv):
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The state, step counters and random stream: a copy continues the same episodes bit for bit."""
-        return {"state": self._state, "elapsed_steps": self.elapsed_steps, "generator": self.generator.get_state()}
+        return {"state": self._state.clone(), "elapsed_steps": self.elapsed_steps.clone(),
+                "generator": self.generator.get_state()}
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        self._state = state["state"].to(self.device, self.dtype, copy=True)
-        self.elapsed_steps.copy_(state["elapsed_steps"])
-        self.set_rng_state(state["generator"])
+        """Continue from :meth:`state_dict` of an env with the same options and number of sub-envs."""
+        values, steps, generator = state_tensors(state, {"state": tuple(self._state.shape),
+                                                         "elapsed_steps": (self.num_envs,), "generator": None})
+        self._state = values.to(self.device, self.dtype, copy=True)
+        self.elapsed_steps.copy_(steps)
+        self.set_rng_state(generator)
 
     # ---------------------------------------------------------------------------------------------- reset / step
     def reset(self, seed: int | None = None) -> torch.Tensor:
@@ -206,8 +211,7 @@ class _TorchClassicEnv(VecEnv):
     def _action(self, action: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
         """``action`` as a ``(num_envs,)`` tensor on the env's device (no copy when it already is one; a list or NumPy
         array is converted)."""
-        if not isinstance(action, torch.Tensor):
-            action = as_action_tensor(action, self.device, type(self).__name__)
+        action = as_action_tensor(action, self.device, type(self).__name__)  # (a tensor: detached)
         if action.numel() != self.num_envs:
             raise EnvError(
                 f"expected {self.num_envs} actions (one per sub-env), got a tensor of shape {tuple(action.shape)}"

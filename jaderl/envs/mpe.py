@@ -373,8 +373,7 @@ class _MPEEnv(VecEnv):
     def _push(self, action: torch.Tensor) -> torch.Tensor:
         """The action forces ``(A, 2, N)``: checked actions (a list or NumPy array is read as a tensor) times the
         agents' sensitivities."""
-        if not isinstance(action, torch.Tensor):
-            action = as_action_tensor(action, self.device, type(self).__name__)
+        action = as_action_tensor(action, self.device, type(self).__name__)  # (a tensor: detached)
         n, a = self.num_envs, self.num_agents
         expected = (n, a) if self.is_discrete else (n, a, self.action_dim)
         if tuple(action.shape[:2]) != (n, a) or action.numel() != math.prod(expected):

@@ -54,7 +54,7 @@ from urllib.parse import quote, unquote
 import numpy as np
 import torch
 
-from jaderl.envs.vec import NONFINITE_ACTIONS, EnvError, VecEnv, as_action_tensor
+from jaderl.envs.vec import NONFINITE_ACTIONS, EnvError, VecEnv, as_action_tensor, state_tensors
 
 __all__ = [
     "BUNDLED_SPLIT",
@@ -571,14 +571,19 @@ class StockTradingEnv(VecEnv):
     # ------------------------------------------------------------------------------------------ reset / step
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Dates, cash, holdings, starting values, step counters and the random stream: a copy trades on exactly."""
-        return {"day": self.day, "cash": self.cash, "holdings": self.holdings, "initial_value": self.initial_value,
-                "elapsed_steps": self.elapsed_steps, "generator": self.generator.get_state()}
+        return {"day": self.day.clone(), "cash": self.cash.clone(), "holdings": self.holdings.clone(),
+                "initial_value": self.initial_value.clone(), "elapsed_steps": self.elapsed_steps.clone(),
+                "generator": self.generator.get_state()}
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        self.day, self.cash, self.holdings, self.initial_value = (
-            state[k].to(self.device, copy=True) for k in ("day", "cash", "holdings", "initial_value"))
-        self.elapsed_steps.copy_(state["elapsed_steps"])
-        self.set_rng_state(state["generator"])
+        """Continue from :meth:`state_dict` of an env with the same options and number of replicas."""
+        n = self.num_envs
+        *values, steps, generator = state_tensors(state, {
+            "day": (n,), "cash": (n,), "holdings": (n, self.n_stocks), "initial_value": (n,), "elapsed_steps": (n,),
+            "generator": None})
+        self.day, self.cash, self.holdings, self.initial_value = (v.to(self.device, copy=True) for v in values)
+        self.elapsed_steps.copy_(steps)
+        self.set_rng_state(generator)
 
     def reset(self, seed: int | None = None) -> torch.Tensor:
         """Start a new episode in every replica; ``seed`` re-seeds the generator first. The first ``reset()`` without a
@@ -599,8 +604,7 @@ class StockTradingEnv(VecEnv):
         """Trade at today's close (sells, then buys within the cash), move to the next date, reward the value change.
 
         ``action`` may also be a list or NumPy array of numbers, converted to a tensor on the env's device."""
-        if not isinstance(action, torch.Tensor):
-            action = as_action_tensor(action, self.device, type(self).__name__)
+        action = as_action_tensor(action, self.device, type(self).__name__)  # (a tensor: detached)
         if action.numel() != self.num_envs * self.n_stocks:
             raise EnvError(f"expected actions of shape {(self.num_envs, self.n_stocks)} (one per replica and stock), "
                            f"got a tensor of shape {tuple(action.shape)}")

@@ -150,8 +150,7 @@ class TorchVectorEnv(VecEnv):
         On the CPU, NaN or infinite actions and discrete ones out of range or not whole numbers (float actions such as
         ``0.7``) raise a one-sentence :class:`EnvError`; on an accelerator they are not checked (that would wait for
         the device every step), and a non-integral discrete action is truncated."""
-        if not isinstance(action, torch.Tensor):
-            action = as_action_tensor(action, self.env_device, "the env")
+        action = as_action_tensor(action, self.env_device, "the env")  # (a tensor: detached)
         expected = (self.num_envs,) if self.is_discrete else (self.num_envs, self.action_dim)
         if action.numel() != self.num_envs * (1 if self.is_discrete else self.action_dim):
             raise EnvError(f"expected actions of shape {expected}, got {tuple(action.shape)}")

@@ -96,11 +96,11 @@ def refuse_non_integral(action: torch.Tensor, env_name: str) -> None:
 
 
 def as_action_tensor(action: Any, device: torch.device, env_name: str) -> torch.Tensor:
-    """``action`` as a tensor: a tensor as it is, a list, tuple, NumPy array or number converted to one on
-    ``device``; anything that is not numbers (text, ragged lists, complex numbers) raises a one-sentence
-    :class:`EnvError` naming the types an env takes."""
+    """``action`` as a tensor: a tensor as it is (detached: an env step is no part of a policy's graph), a list,
+    tuple, NumPy array or number converted to one on ``device``; anything that is not numbers (text, ragged lists,
+    complex numbers) raises a one-sentence :class:`EnvError` naming the types an env takes."""
     if isinstance(action, torch.Tensor):
-        return action
+        return action.detach()
     try:
         tensor = torch.as_tensor(action, device=device)
     except (TypeError, ValueError, RuntimeError) as exc:
@@ -111,6 +111,22 @@ def as_action_tensor(action: Any, device: torch.device, env_name: str) -> torch.
         problem = "complex numbers"
     raise EnvError(f"{env_name} cannot read actions from a {type(action).__name__} ({problem}); pass a torch.Tensor, "
                    "or a NumPy array or list of real numbers")
+
+
+def state_tensors(state: dict[str, Any], shapes: dict[str, tuple[int, ...] | None]) -> list[torch.Tensor]:
+    """The tensors ``shapes`` names in an env's ``state`` (from ``state_dict()``), each checked for its shape (None:
+    any): a state of another number of sub-envs (or options) is one sentence, not an error at the next step."""
+    missing = sorted(set(shapes) - set(state))
+    if missing:
+        raise EnvError(f"the state lacks {', '.join(missing)}; pass what state_dict() returned")
+    out = []
+    for name, shape in shapes.items():
+        value = torch.as_tensor(state[name])
+        if shape is not None and tuple(value.shape) != shape:
+            raise EnvError(f"the state's {name} has shape {tuple(value.shape)}, but this env's is {shape}: load the "
+                           "state of an env with the same options and number of sub-envs")
+        out.append(value)
+    return out
 
 
 class FiniteWatch:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from jaderl.envs import TORCH_ENVS, make_env
+from jaderl.envs import TORCH_ENVS, EnvError, make_env
 
 
 def _actions(env: object, generator: torch.Generator) -> torch.Tensor:
@@ -39,3 +39,52 @@ def test_gymnasium_envs_cannot_be_copied() -> None:
         assert env.state_dict() is None  # their episodes restart after a load
     finally:
         env.close()
+
+
+@pytest.mark.parametrize("env_id", sorted(TORCH_ENVS))
+def test_a_state_dict_is_a_snapshot_that_later_steps_leave_alone(env_id: str) -> None:
+    env = make_env(env_id, 3, "cpu", seed=1)
+    env.reset()
+    generator = torch.Generator().manual_seed(0)
+    env.step(_actions(env, generator))
+    saved = env.state_dict()
+    kept = {k: v.clone() for k, v in saved.items()}
+    for _ in range(3):
+        env.step(_actions(env, generator))
+    for name, value in saved.items():
+        assert torch.equal(value, kept[name]), name
+
+
+@pytest.mark.parametrize("env_id", sorted(TORCH_ENVS))
+def test_a_state_of_another_number_of_sub_envs_is_refused_in_one_sentence(env_id: str) -> None:
+    small, env = make_env(env_id, 1, "cpu", seed=1), make_env(env_id, 3, "cpu", seed=1)
+    small.reset()
+    with pytest.raises(EnvError, match=r"(must have shape|the state's \w+ has shape) .*") as info:
+        env.load_state_dict(small.state_dict())
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("env_id", sorted(TORCH_ENVS))
+def test_an_action_that_carries_gradients_steps_the_env_and_stays_out_of_its_state(env_id: str) -> None:
+    """A policy's output passed on without ``no_grad``: the env steps on its values, and nothing it returns (or
+    keeps) joins the policy's graph."""
+    env = make_env(env_id, 2, "cpu", seed=1)
+    env.reset()
+    action = _actions(env, torch.Generator().manual_seed(0))
+    if action.is_floating_point():
+        action = action.requires_grad_()
+    obs, reward, *_ = env.step(action * 1.0 if action.requires_grad else action)
+    assert not obs.requires_grad and not reward.requires_grad
+    assert not any(v.requires_grad for v in env.state_dict().values())
+
+
+@pytest.mark.parametrize(("settings", "said"), [
+    ({"num_envs": 2.5}, r"^num_envs=2.5 is invalid: give a whole number >= 1"),
+    ({"num_envs": 0}, r"^num_envs=0 is invalid"),
+    ({"num_envs": True}, r"^num_envs=True is invalid"),
+    ({"num_envs": 2, "seed": 3.7}, r"^seed=3.7 is invalid: give a whole number, or None for a random one$"),
+    ({"num_envs": 2, "seed": "5"}, r"^seed='5' is invalid"),
+])
+def test_make_env_refuses_a_count_or_seed_that_is_not_a_whole_number(settings: dict, said: str) -> None:
+    with pytest.raises(EnvError, match=said):
+        make_env("jaderl/CartPole-v1", **settings)
