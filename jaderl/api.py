@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import json
+import math
 import numbers
 import os
 import re
@@ -106,11 +107,20 @@ def _run(config: Config, resume: bool, progress: Progress | None) -> TrainResult
 
 
 def _say_if_nothing_was_saved(config: Config, exc: Exception) -> None:
-    """Errors say "the last checkpoint is kept"; before the first checkpoint, raise one that says what is true."""
+    """Errors say "the last checkpoint is kept"; before the first checkpoint, raise one that says what is true. After
+    it, an env's error (a worker that died, NaN from the env) says which checkpoint is kept and how to continue."""
     kept = "the last checkpoint is kept"
-    if kept in str(exc) and not (config.run_dir and (Path(config.run_dir) / CHECKPOINT_JSON).exists()):
+    saved = bool(config.run_dir) and (Path(config.run_dir) / CHECKPOINT_JSON).exists()
+    if kept in str(exc) and not saved:
         message = str(exc).replace(kept, "no checkpoint had been written yet, so there is nothing to resume")
         raise type(exc)(message) from exc
+    if saved and isinstance(exc, EnvError) and kept not in str(exc) and "--resume" not in str(exc):
+        try:
+            step = _checkpoint_meta(config.run_dir)["steps"]
+        except ConfigError:  # a checkpoint that cannot be read: the error as it is
+            return
+        raise EnvError(f"{exc}; the run's last checkpoint (step {step:,}) is kept: continue it with `jaderl train "
+                       f"--resume {config.run_dir}` once the env is fixed") from exc
 
 
 def _out_of_memory(exc: BaseException) -> bool:
@@ -166,9 +176,11 @@ def _checkpoint_meta(run_dir: str | Path) -> dict[str, Any]:
     path = _run_dir(run_dir) / CHECKPOINT_JSON
     try:
         state = json.loads(path.read_text())["state"]
+        rows = (state.get("evaluator") or {}).get("rows", [])
         return {"config": dict(state["config"]), "time_s": float(state["counters"]["time_s"]),
-                "steps": int(state["agent"]["counters"]["steps"])}
-    except (OSError, ValueError, KeyError, TypeError):
+                "steps": int(state["agent"]["counters"]["steps"]),
+                "best": max((float(row["eval_return_mean"]) for row in rows), default=-math.inf)}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         raise ConfigError(f"{run_dir} holds no readable checkpoint ({path} is missing or damaged); pass the run "
                           "directory of a run that has saved one, or start a new run") from None
 
@@ -210,6 +222,9 @@ def resume(run_dir: str | Path, /, progress: Progress | None = None, **settings:
     if reached:
         raise ConfigError(f"{run_dir} already reached its budget ({reached[0]}) at step {meta['steps']:,}; resume "
                           "with a larger --total-steps or --time-limit to train on")
+    if config.target_return is not None and meta["best"] >= config.target_return:
+        raise ConfigError(f"{run_dir} already reached its target (target_return={config.target_return:g}; its best "
+                          f"evaluation returned {meta['best']:g}); resume with a higher --target-return to train on")
     return _run(config, resume=True, progress=progress)
 
 

@@ -76,8 +76,7 @@ class Agent:
             raise EnvError(f"{exc}; wrap the env to resize or flatten its observations") from None
         """The CNN every network reads images through (None for vectors); an algorithm whose networks need their own
         copy (DQN's target network) moves it into them and sets it to None, so ``features`` passes images through."""
-        if self.encoder is not None:
-            self.obs_dim = self.encoder.out_dim
+        self.obs_dim = getattr(self.encoder, "out_dim", self.obs_dim)  # images: the CNN's features
         # images are scaled by the encoder, not normalised
         self.obs_norm = ObsNorm(self.obs_shape, config.normalize_obs and not self.is_image).to(device)
         self.steps = 0  # env steps explored, all sub-envs counted

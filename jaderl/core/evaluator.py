@@ -74,10 +74,11 @@ class Evaluator:
         return {"rows": self.rows}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        # (a row without its result is refused here, before metrics.csv is rewritten)
+        self.best_return = max((r["eval_return_mean"] for r in state["rows"]), default=-math.inf)
         self.rows = [dict(row) for row in state["rows"]]
         self._write_csv()
-        self.best_return = max((r["eval_return_mean"] for r in self.rows), default=-math.inf)
-        if self.rows and (self.run_dir / BEST_POLICY).exists():  # it may come from after the state was taken
+        if (self.run_dir / BEST_POLICY).exists():  # it may come from after the state was taken
             with (contextlib.suppress(OSError, ValueError, KeyError, TypeError, SafetensorError),
                   safe_open(str(self.run_dir / BEST_POLICY), framework="pt") as f):
                 self.best_return = max(self.best_return, float((f.metadata() or {})["eval_return_mean"]))

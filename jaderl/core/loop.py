@@ -374,7 +374,11 @@ class Trainer:
         """Load a checkpoint's state, then apply the hyperparameters this run's config changes (recorded in the
         history that config.yaml shows)."""
         wanted = {k: getattr(self.config, k) for k in self.agent.hyperparameters}
-        self.load_state_dict(state)
+        try:
+            self.load_state_dict(state)
+        except (KeyError, TypeError, IndexError, RuntimeError) as exc:  # tensors or entries at odds with its config
+            raise ConfigError(f"{self.run_dir} holds a damaged checkpoint ({' '.join(str(exc).split())[:200]}); "
+                              "restore the run directory from a copy or start a new run") from None
         if changed := {k: v for k, v in wanted.items() if v != getattr(self.config, k)}:
             self.set_hyperparameters(**changed)
 

@@ -97,10 +97,16 @@ def record(agent: Agent, out: str | Path, episodes: int = 3, seed: int = 0) -> l
             path = out / f"episode-{episode}.mp4"
             stream = frames(seed + episode)
             first = next(stream)  # an env that draws nothing says so before a file is opened
-            # macro_block_size=2: even sizes are kept as they are, not scaled up to multiples of 16
-            with imageio.get_writer(path, fps=fps, macro_block_size=2, ffmpeg_log_level="error") as writer:
-                for frame in itertools.chain([first], stream):
-                    writer.append_data(frame)
+            partial = out / f"episode-{episode}.partial.mp4"  # renamed when whole: a cut video never looks complete
+            try:
+                # macro_block_size=2: even sizes are kept as they are, not scaled up to multiples of 16
+                with imageio.get_writer(partial, fps=fps, macro_block_size=2, ffmpeg_log_level="error") as writer:
+                    for frame in itertools.chain([first], stream):
+                        writer.append_data(frame)
+            except BaseException:  # Ctrl-C, a full disk, an env that fails mid-episode
+                partial.unlink(missing_ok=True)
+                raise
+            partial.replace(path)
             paths.append(path)
     finally:
         close()

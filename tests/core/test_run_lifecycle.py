@@ -367,3 +367,76 @@ def test_a_resume_from_damaged_tensors_loses_no_saved_file(run_dir: Path) -> Non
     with pytest.raises(FileNotFoundError, match="holds no readable checkpoint"):
         jaderl.resume(run_dir, total_steps=1024)
     assert _snapshot(run_dir) == before  # metrics.csv, config.yaml, the best policy: as they were
+
+
+def _edit_checkpoint(run_dir: Path, edit: Any) -> None:
+    """Change the JSON part of ``run_dir``'s checkpoint (its tensors stay as they were)."""
+    import json
+
+    path = run_dir / CHECKPOINT_JSON
+    meta = json.loads(path.read_text())
+    edit(meta["state"])
+    path.write_text(json.dumps(meta))
+
+
+@pytest.mark.parametrize(("edit", "said"), [
+    (lambda state: state["config"].update(hidden=[16, 16]), r"size mismatch"),  # networks of other sizes
+    (lambda state: state["config"].update(num_envs=3), r"must match|size"),  # episodes of other sub-envs
+    (lambda state: state.pop("rng"), r"'rng'"),
+    (lambda state: state["evaluator"].update(rows=[{"step": 1}]), r"'eval_return_mean'"),
+])
+def test_a_resume_from_a_checkpoint_at_odds_with_itself_is_one_sentence_and_loses_no_saved_file(
+        run_dir: Path, edit: Any, said: str) -> None:
+    """A checkpoint whose JSON does not fit its tensors (edited, or half of it from another run): one sentence naming
+    the directory, before anything on disk changes (metrics.csv keeps its history)."""
+    _edit_checkpoint(run_dir, edit)
+    before = _snapshot(run_dir)
+    with pytest.raises(ConfigError, match=rf"^{run_dir} holds a damaged checkpoint \(.*({said}).*\); restore the run "
+                                          r"directory from a copy or start a new run$") as info:
+        jaderl.resume(run_dir, total_steps=1024)
+    assert "\n" not in str(info.value)
+    assert _snapshot(run_dir) == before
+
+
+def test_a_resume_keeps_a_best_policy_saved_after_a_checkpoint_without_evaluations(run_dir: Path) -> None:
+    """A run killed between its first evaluation and the next checkpoint: the checkpoint has no evaluation, and the
+    best-policy file on disk is better than anything the resumed run evaluates, so it stays."""
+    _edit_checkpoint(run_dir, lambda state: state["evaluator"].update(rows=[]))
+    save_tensors(run_dir / BEST_POLICY, {}, {"step": "300", "eval_return_mean": "1000.0"})
+    result = jaderl.resume(run_dir, total_steps=1024)
+    assert result.best_eval_return == 1000.0
+    with safe_open(str(run_dir / BEST_POLICY), framework="pt") as f:
+        assert f.metadata()["eval_return_mean"] == "1000.0"
+
+
+def test_an_env_that_fails_after_a_checkpoint_says_which_is_kept_and_how_to_continue(
+        run_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An env error in the middle of a run (a worker that died, NaN from the env): the sentence ends with the step of
+    the checkpoint that is kept and the command that continues the run; the files stay as they were."""
+    from jaderl.envs.classic import CartPoleEnv
+
+    def dead(self: CartPoleEnv, action: torch.Tensor) -> Any:
+        raise EnvError("worker 0 of the env failed: it died (was killed by signal 9) without reporting an error")
+
+    monkeypatch.setattr(CartPoleEnv, "step", dead)
+    before = _snapshot(run_dir)
+    with pytest.raises(EnvError, match=rf"^worker 0 of the env failed: it died \(was killed by signal 9\) without "
+                                       rf"reporting an error; the run's last checkpoint \(step 512\) is kept: continue "
+                                       rf"it with `jaderl train --resume {run_dir}` once the env is fixed$"):
+        jaderl.resume(run_dir, total_steps=1024)
+    after = _snapshot(run_dir)
+    assert b"total_steps: 1024" in after.pop("config.yaml")  # (the resumed budget)
+    before.pop("config.yaml")
+    assert after == before  # the checkpoint, metrics.csv and the best policy
+
+
+def test_a_run_that_reached_its_target_is_resumed_only_with_a_higher_one(tmp_path: Path, tiny_ppo: Settings) -> None:
+    result = jaderl.train("ppo", ENV, run_dir=str(tmp_path / "run"), **tiny_ppo(target_return=5.0))
+    assert result.stop_reason == "solved" and result.steps == 256
+    before = _snapshot(tmp_path / "run")
+    with pytest.raises(ConfigError, match=rf"^{tmp_path / 'run'} already reached its target \(target_return=5; its "
+                                          r"best evaluation returned [\d.]+\); resume with a higher --target-return "
+                                          r"to train on$"):
+        jaderl.resume(tmp_path / "run")
+    assert _snapshot(tmp_path / "run") == before
+    assert jaderl.resume(tmp_path / "run", target_return=1e6).steps == 512  # a higher one: on to total_steps

@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib.util
 import re
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import gymnasium as gym
 import numpy as np
@@ -329,3 +329,30 @@ def test_record_takes_a_numpy_integer_seed(tmp_path: Path) -> None:
     np.testing.assert_array_equal(read_frames(path), read_frames(same))
     with pytest.raises(ConfigError, match=r"^seed=np.int64\(-1\) is out of range: it must be a whole number >= 0$"):
         record(agent, tmp_path / "negative", episodes=1, seed=np.int64(-1))
+
+
+def test_a_recording_cut_short_leaves_no_video_that_looks_whole(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C in the middle of the second episode: the first video is whole, and nothing of the second is left (a
+    file of the frames written so far would play as if the episode ended there)."""
+    import jaderl.integrations.video as video
+
+    jaderl.train("ppo", "jaderl/CartPole-v1", run_dir=str(tmp_path / "run"), **SETTINGS, **ON_POLICY)
+    agent = jaderl.load(tmp_path / "run")
+    scene = video._scene
+
+    def cut(env_id: str, agent: Agent | None) -> tuple:
+        frames, fps, close = scene(env_id, agent)
+
+        def stream(seed: int) -> Any:
+            for k, frame in enumerate(frames(seed)):
+                if seed == 4 and k == 5:
+                    raise KeyboardInterrupt
+                yield frame
+        return stream, fps, close
+
+    monkeypatch.setattr(video, "_scene", cut)
+    with pytest.raises(KeyboardInterrupt):
+        record(agent, tmp_path / "videos", episodes=2, seed=3)
+    assert sorted(p.name for p in (tmp_path / "videos").iterdir()) == ["episode-0.mp4"]
+    assert len(read_frames(tmp_path / "videos" / "episode-0.mp4")) > 5
