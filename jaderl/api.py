@@ -173,6 +173,9 @@ other setting shaped the checkpoint's networks, optimizer states or replay buffe
 
 def _checkpoint_meta(run_dir: str | Path) -> dict[str, Any]:
     """The JSON part of ``run_dir``'s checkpoint (config, counters, step), read without its tensors."""
+    if _run_dir(run_dir).is_file():  # (checkpoint.json itself, say)
+        raise ConfigError(f"{run_dir} is a file, not a run directory; pass the run directory that holds it "
+                          f"({Path(run_dir).parent})")
     path = _run_dir(run_dir) / CHECKPOINT_JSON
     try:
         state = json.loads(path.read_text())["state"]
@@ -202,7 +205,7 @@ def resume(run_dir: str | Path, /, progress: Progress | None = None, **settings:
     config = _saved_config(run_dir, meta)
     if "run_dir" in settings and _run_dir(settings["run_dir"]).resolve() != Path(run_dir).resolve():
         raise ConfigError(f"run_dir={settings['run_dir']!r} cannot be given when resuming {run_dir}: the run goes "
-                          "on in its own directory; drop --run-dir")
+                          "on in its own directory; drop --run-dir (or run_dir from the --config file)")
     mutable = ALGOS[config.algo].agent_cls.hyperparameters
     allowed = (*RESUME_SETTINGS, *mutable)
     fields = {field.name for field in dataclasses.fields(config)}  # (an unknown key is refused by replace below)

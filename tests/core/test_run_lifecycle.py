@@ -440,3 +440,9 @@ def test_a_run_that_reached_its_target_is_resumed_only_with_a_higher_one(tmp_pat
         jaderl.resume(tmp_path / "run")
     assert _snapshot(tmp_path / "run") == before
     assert jaderl.resume(tmp_path / "run", target_return=1e6).steps == 512  # a higher one: on to total_steps
+
+
+def test_resume_of_a_file_of_the_run_names_its_directory(run_dir: Path) -> None:
+    with pytest.raises(ConfigError, match=rf"^{run_dir / CHECKPOINT_JSON} is a file, not a run directory; pass the run "
+                                          rf"directory that holds it \({run_dir}\)$"):
+        jaderl.resume(run_dir / CHECKPOINT_JSON)
