@@ -388,13 +388,22 @@ def _edit_checkpoint(run_dir: Path, edit: Any) -> None:
 def test_a_resume_from_a_checkpoint_at_odds_with_itself_is_one_sentence_and_loses_no_saved_file(
         run_dir: Path, edit: Any, said: str) -> None:
     """A checkpoint whose JSON does not fit its tensors (edited, or half of it from another run): one sentence naming
-    the directory, before anything on disk changes (metrics.csv keeps its history)."""
+    the directory, before anything on disk changes (metrics.csv keeps its history), from ``jaderl.resume`` and from a
+    Trainer built on the directory."""
     _edit_checkpoint(run_dir, edit)
     before = _snapshot(run_dir)
-    with pytest.raises(ConfigError, match=rf"^{run_dir} holds a damaged checkpoint \(.*({said}).*\); restore the run "
-                                          r"directory from a copy or start a new run$") as info:
+    damaged = (rf"^{run_dir} holds a damaged checkpoint \(.*({said}).*\); restore the run directory from a copy or "
+               r"start a new run$")
+    unreadable = rf"^{run_dir} holds no readable checkpoint \({run_dir / CHECKPOINT_JSON} is missing or damaged\)"
+    rows = "eval_return_mean" in said  # (resume reads the evaluations' results before it builds anything)
+    with pytest.raises(ConfigError, match=unreadable if rows else damaged) as info:
         jaderl.resume(run_dir, total_steps=1024)
     assert "\n" not in str(info.value)
+    assert _snapshot(run_dir) == before
+    saved = load_checkpoint(run_dir)["config"]
+    config = make_config(**{**saved, "total_steps": 1024})
+    with pytest.raises(ConfigError, match=damaged):
+        Trainer(config, ALGOS[config.algo].agent_cls, resume=True)
     assert _snapshot(run_dir) == before
 
 
