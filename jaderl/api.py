@@ -14,6 +14,7 @@ import math
 import numbers
 import os
 import re
+import shutil
 import traceback
 import warnings
 from collections.abc import Callable
@@ -82,7 +83,21 @@ def train(algo: str, env: str, progress: Progress | None = None, **settings: Any
 
 
 def _run(config: Config, resume: bool, progress: Progress | None) -> TrainResult:
-    """Pick the trainer: explorer/learner/evaluator processes, data-parallel learners, or one process."""
+    """Pick the trainer: explorer/learner/evaluator processes, data-parallel learners, or one process. A new run
+    that stops before it saved anything leaves no directory behind (an empty one given stays empty)."""
+    given = None if resume or not config.run_dir else Path(config.run_dir)
+    existed = given is not None and given.is_dir()
+    if given is not None and (given.is_file() or (existed and any(given.iterdir()))):
+        given = None  # not this run's to remove (the run refuses it)
+    try:
+        return _dispatch(config, resume, progress)
+    except BaseException:
+        if given is not None:
+            _remove_if_nothing_was_saved(given, existed)
+        raise
+
+
+def _dispatch(config: Config, resume: bool, progress: Progress | None) -> TrainResult:
     agent_cls = ALGOS[config.algo].agent_cls
     try:
         if config.workers > 0:
@@ -104,6 +119,22 @@ def _run(config: Config, resume: bool, progress: Progress | None) -> TrainResult
     except EnvError as exc:
         _say_if_nothing_was_saved(config, exc)
         raise
+
+
+def _remove_if_nothing_was_saved(run_dir: Path, existed: bool) -> None:
+    """Remove the directory of a new run that stopped before it saved anything (no checkpoint, no evaluation: only
+    its config.yaml and an empty metrics.csv), so that the same command can run again; one that was given empty is
+    left empty."""
+    try:
+        metrics = run_dir / "metrics.csv"
+        if not {p.name for p in run_dir.iterdir()} <= {"config.yaml", "metrics.csv"} or \
+                (metrics.exists() and len(metrics.read_text().splitlines()) > 1):
+            return
+        shutil.rmtree(run_dir)
+        if existed:
+            run_dir.mkdir()
+    except OSError:  # (gone already, or not ours to remove: left as it is)
+        return
 
 
 def _say_if_nothing_was_saved(config: Config, exc: Exception) -> None:

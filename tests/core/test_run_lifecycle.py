@@ -455,3 +455,22 @@ def test_resume_of_a_file_of_the_run_names_its_directory(run_dir: Path) -> None:
     with pytest.raises(ConfigError, match=rf"^{run_dir / CHECKPOINT_JSON} is a file, not a run directory; pass the run "
                                           rf"directory that holds it \({run_dir}\)$"):
         jaderl.resume(run_dir / CHECKPOINT_JSON)
+
+
+def test_a_new_run_that_saved_nothing_leaves_no_directory_behind(tmp_path: Path, tiny_ppo: Settings) -> None:
+    """A run that diverges before its first checkpoint and evaluation: its directory (a config.yaml and an empty
+    metrics.csv) goes, so the same command runs again instead of being refused; a directory given empty stays."""
+    settings = tiny_ppo(lr=1e30, eval_every=100_000, checkpoint_every=100_000)
+    for _ in range(2):  # the second time is not refused for the first one's leftovers
+        with pytest.raises(TrainingError, match="no checkpoint had been written yet"):
+            jaderl.train("ppo", ENV, run_dir=str(tmp_path / "run"), **settings)
+        assert not (tmp_path / "run").exists()
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(TrainingError):
+        jaderl.train("ppo", ENV, run_dir=str(tmp_path / "empty"), **settings)
+    assert (tmp_path / "empty").is_dir() and not any((tmp_path / "empty").iterdir())
+    (tmp_path / "held" / "notes.txt").parent.mkdir()
+    (tmp_path / "held" / "notes.txt").write_text("mine")
+    with pytest.raises(ConfigError, match="already holds files"):
+        jaderl.train("ppo", ENV, run_dir=str(tmp_path / "held"), **settings)
+    assert (tmp_path / "held" / "notes.txt").read_text() == "mine"
