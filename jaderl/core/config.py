@@ -94,7 +94,7 @@ class Config:
             raise ConfigError(f"env_workers={self.env_workers} is more than num_envs={self.num_envs}; "
                               "each worker needs at least one sub-env")
         if self.workers > 0 and self.learners > 1:
-            raise ConfigError(f"workers={self.workers} and learners={self.learners} cannot be combined yet; "
+            raise ConfigError(f"workers={self.workers} and learners={self.learners} cannot be combined; "
                               "use explorer workers or several learners")
         if not self.hidden or any(h < 1 for h in self.hidden):
             raise ConfigError(f"hidden={self.hidden} is invalid: give one or more positive layer sizes")

@@ -49,6 +49,7 @@ from jaderl.envs.vec import (
     as_action_tensor,
     discrete_action_error,
     refuse_non_integral,
+    seed_value,
     state_tensors,
 )
 
@@ -95,7 +96,7 @@ class _TorchClassicEnv(VecEnv):
         if seed is None:
             self.generator.seed()
         else:
-            self.generator.manual_seed(int(seed))
+            self.generator.manual_seed(seed_value(seed))
         self._state = self._sample_initial()
         self.elapsed_steps = torch.zeros(self.num_envs, dtype=torch.int64, device=self.device)
         """Steps each sub-env has taken since its last reset, ``(num_envs,)`` int64 (the ``TimeLimit`` counter)."""
@@ -179,7 +180,7 @@ class _TorchClassicEnv(VecEnv):
         construction returns the initial states the constructor already drew from its ``seed``.
         """
         if seed is not None:
-            self.generator.manual_seed(int(seed))
+            self.generator.manual_seed(seed_value(seed))
         elif self._fresh:
             self._fresh = False
             return self._observe()

@@ -100,6 +100,7 @@ from jaderl.envs.vec import (
     as_action_tensor,
     discrete_action_error,
     refuse_non_integral,
+    seed_value,
 )
 
 __all__ = ["MPE_ENVS", "SimpleSpreadEnv", "SimpleTagEnv"]
@@ -193,7 +194,7 @@ class _MPEEnv(VecEnv):
         if seed is None:
             self.generator.seed()
         else:
-            self.generator.manual_seed(int(seed))
+            self.generator.manual_seed(seed_value(seed))
         self._entities, self._vel = self._sample_initial()
         self._pos, self._landmarks = self._entities[:a], self._entities[a:]  # views: updated in place
         self.elapsed_steps = torch.zeros(self.num_envs, dtype=torch.int64, device=self.device)
@@ -316,7 +317,7 @@ class _MPEEnv(VecEnv):
         ``reset()`` after construction returns the worlds the constructor drew from its ``seed``.
         """
         if seed is not None:
-            self.generator.manual_seed(int(seed))
+            self.generator.manual_seed(seed_value(seed))
         elif self._fresh:
             self._fresh = False
             return self._to_obs(self._features())

@@ -54,7 +54,7 @@ from urllib.parse import quote, unquote
 import numpy as np
 import torch
 
-from jaderl.envs.vec import NONFINITE_ACTIONS, EnvError, VecEnv, as_action_tensor, state_tensors
+from jaderl.envs.vec import NONFINITE_ACTIONS, EnvError, VecEnv, as_action_tensor, seed_value, state_tensors
 
 __all__ = [
     "BUNDLED_SPLIT",
@@ -500,7 +500,7 @@ class StockTradingEnv(VecEnv):
         if seed is None:
             self.generator.seed()
         else:
-            self.generator.manual_seed(int(seed))
+            self.generator.manual_seed(seed_value(seed))
         self.day, self.cash = self._sample_starts()
         """Index of each replica's current date ``(num_envs,)`` int64, and its cash ``(num_envs,)`` float64."""
         self.holdings = torch.zeros(self.num_envs, n, dtype=torch.float64, device=self.device)
@@ -589,7 +589,7 @@ class StockTradingEnv(VecEnv):
         """Start a new episode in every replica; ``seed`` re-seeds the generator first. The first ``reset()`` without a
         seed after construction keeps the starts drawn from the constructor's ``seed``."""
         if seed is not None:
-            self.generator.manual_seed(int(seed))
+            self.generator.manual_seed(seed_value(seed))
         elif self._fresh:
             self._fresh = False
             return self._observe()

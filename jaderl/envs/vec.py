@@ -32,6 +32,7 @@ import dataclasses
 import functools
 import hashlib
 import importlib
+import numbers
 import re
 from collections.abc import Callable
 from typing import Any
@@ -111,6 +112,14 @@ def as_action_tensor(action: Any, device: torch.device, env_name: str) -> torch.
         problem = "complex numbers"
     raise EnvError(f"{env_name} cannot read actions from a {type(action).__name__} ({problem}); pass a torch.Tensor, "
                    "or a NumPy array or list of real numbers")
+
+
+def seed_value(seed: Any) -> int:
+    """``seed`` as an int for a ``torch.Generator``, or one sentence when it is not a whole number (3.7 or "5" would
+    otherwise be read as another seed than the one meant)."""
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+        raise EnvError(f"seed={seed!r} is invalid: give a whole number, or None for a random one")
+    return int(seed)
 
 
 def state_tensors(state: dict[str, Any], shapes: dict[str, tuple[int, ...] | None]) -> list[torch.Tensor]:

@@ -3,6 +3,7 @@ auto-resets, so a Trainer's copy or checkpoint continues the same episodes."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -88,3 +89,12 @@ def test_an_action_that_carries_gradients_steps_the_env_and_stays_out_of_its_sta
 def test_make_env_refuses_a_count_or_seed_that_is_not_a_whole_number(settings: dict, said: str) -> None:
     with pytest.raises(EnvError, match=said):
         make_env("jaderl/CartPole-v1", **settings)
+
+
+@pytest.mark.parametrize("env_id", sorted(TORCH_ENVS))
+@pytest.mark.parametrize("seed", [3.7, "5", True])
+def test_a_torch_env_refuses_a_seed_that_is_not_a_whole_number(env_id: str, seed: object) -> None:
+    env = make_env(env_id, 2, "cpu")
+    with pytest.raises(EnvError, match=rf"^seed={seed!r} is invalid: give a whole number, or None for a random one$"):
+        env.reset(seed=seed)  # type: ignore[arg-type]
+    assert env.reset(seed=np.int64(4)).shape == env.reset(seed=4).shape  # numpy's integers are whole numbers
