@@ -377,8 +377,9 @@ class Trainer:
         try:
             self.load_state_dict(state)
         except (KeyError, TypeError, IndexError, RuntimeError) as exc:  # tensors or entries at odds with its config
-            raise ConfigError(f"{self.run_dir} holds a damaged checkpoint ({' '.join(str(exc).split())[:200]}); "
-                              "restore the run directory from a copy or start a new run") from None
+            raise exc if isinstance(exc, torch.OutOfMemoryError) else ConfigError(  # (too large for this device)
+                f"{self.run_dir} holds a damaged checkpoint ({' '.join(str(exc).split())[:200]}); restore the run "
+                "directory from a copy or start a new run") from None
         if changed := {k: v for k, v in wanted.items() if v != getattr(self.config, k)}:
             self.set_hyperparameters(**changed)
 

@@ -97,6 +97,5 @@ class NatureCNN(nn.Module):
         lead = obs.shape[:obs.dim() - 3]
         x = obs.reshape(-1, *self.obs_shape)  # (B, *obs_shape)
         x = x.float() / 255.0 if x.dtype == torch.uint8 else x.float()
-        if self.channels_last:
-            x = x.permute(0, 3, 1, 2)  # (B, C, H, W)
+        x = x.permute(0, 3, 1, 2) if self.channels_last else x  # (B, C, H, W)
         return self.linear(self.conv(x)).reshape(*lead, self.out_dim)  # lead may be (): one image

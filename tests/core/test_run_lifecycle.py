@@ -474,3 +474,16 @@ def test_a_new_run_that_saved_nothing_leaves_no_directory_behind(tmp_path: Path,
     with pytest.raises(ConfigError, match="already holds files"):
         jaderl.train("ppo", ENV, run_dir=str(tmp_path / "held"), **settings)
     assert (tmp_path / "held" / "notes.txt").read_text() == "mine"
+
+
+def test_a_checkpoint_too_large_for_the_device_is_not_called_damaged(run_dir: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Running out of memory while a resume loads its state (a replay buffer larger than the device holds) is said as
+    such, not as a damaged checkpoint."""
+    def too_large(self: Trainer, state: dict[str, Any]) -> None:
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+
+    monkeypatch.setattr(Trainer, "load_state_dict", too_large)
+    with pytest.raises(TrainingError, match="memory") as info:
+        jaderl.resume(run_dir, total_steps=1024)
+    assert "damaged" not in str(info.value)
