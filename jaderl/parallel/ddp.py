@@ -330,7 +330,7 @@ def learner_config(config: Config, rank: int) -> Config:
                           run_dir=str(Path(config.run_dir) / f"learner-{rank}"))
 
 
-def _checkpoint_step(run_dir: Path) -> int | None:
+def checkpoint_step(run_dir: Path) -> int | None:
     """The step of the checkpoint in ``run_dir`` (None if there is none), read from its JSON only."""
     try:
         return int(json.loads((run_dir / CHECKPOINT_JSON).read_text())["state"]["agent"]["counters"]["steps"])
@@ -352,8 +352,8 @@ def _prepare_learner_dir(config: Config, rank: int, resume: bool) -> None:
     own = learner_config(config, rank)
     learner_dir = Path(own.run_dir)
     learner_dir.mkdir(parents=True, exist_ok=True)
-    main_step = _checkpoint_step(run_dir) if resume else None
-    own_step = _checkpoint_step(learner_dir) if resume else None
+    main_step = checkpoint_step(run_dir) if resume else None
+    own_step = checkpoint_step(learner_dir) if resume else None
     # learner 0's checkpoint not readable here (another machine): the learner's own checkpoint is all there is
     if not resume or own_step == main_step or (main_step is None and own_step is not None):
         return

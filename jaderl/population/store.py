@@ -208,14 +208,6 @@ def damaged_checkpoint(run_dir: Path) -> tuple[Path, str] | None:
     return None
 
 
-def checkpoint_steps(run_dir: Path) -> int:
-    """The env steps of ``run_dir``'s checkpoint, read from its JSON only; 0 when it has none that reads."""
-    try:
-        return int(json.loads((run_dir / CHECKPOINT_JSON).read_text())["state"]["agent"]["counters"]["steps"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return 0
-
-
 def _first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
 

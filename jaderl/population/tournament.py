@@ -39,13 +39,13 @@ from typing import Any
 from jaderl.api import ALGOS, make_config
 from jaderl.core.config import ConfigError
 from jaderl.core.loop import TrainingError
+from jaderl.parallel.ddp import checkpoint_step
 from jaderl.population.cluster import PopulationError, Resources, connected, process_gone
 from jaderl.population.ensemble import fuse_runs
 from jaderl.population.member import remote_worker
 from jaderl.population.pbt import check_fits
 from jaderl.population.space import Space, check_not_fixed, explore, parse_space, sample, space_entries
 from jaderl.population.store import (
-    checkpoint_steps,
     copy_run,
     driven,
     new_population_dir,
@@ -419,7 +419,7 @@ class _Tournament:
     def failed(self, info: dict[str, Any]) -> dict[str, Any]:
         """The result of a member that failed: no score, and the env steps of its last checkpoint (0 where it has
         none, or where its run directory is on another node's disk)."""
-        return {"score": -math.inf, "steps": checkpoint_steps(self.pop_dir / "members" / info["member"])}
+        return {"score": -math.inf, "steps": checkpoint_step(self.pop_dir / "members" / info["member"]) or 0}
 
     def update(self, board: Any, info: dict[str, Any], result: dict[str, Any], described: dict[str, Any]) -> None:
         """The updater: insert a finished member into the leaderboard by its score; record tournament.csv."""
