@@ -16,7 +16,7 @@ from jaderl.envs.classic import MORE_TORCH_ENVS
 from jaderl.envs.classic import TORCH_ENVS as _CLASSIC_ENVS
 from jaderl.envs.mpe import MPE_ENVS
 from jaderl.envs.stock import STOCK_ENVS, StockTradingEnv, is_stock_id
-from jaderl.envs.vec import EnvError, EnvSpec, GymnasiumVecEnv, VecEnv
+from jaderl.envs.vec import EnvError, EnvSpec, GymnasiumVecEnv, VecEnv, seed_value
 
 TORCH_ENVS: dict[str, type[VecEnv]] = {**_CLASSIC_ENVS, **MORE_TORCH_ENVS, **CHASING_ENVS, **STOCK_ENVS, **MPE_ENVS}
 """Every torch-native env id and its class; each class takes ``(num_envs, device, dtype, seed)``."""
@@ -199,9 +199,7 @@ def make_env(name: str, num_envs: int, device: torch.device | str = "cpu", seed:
     envs ignore it."""
     if isinstance(num_envs, bool) or not isinstance(num_envs, numbers.Integral) or num_envs < 1:
         raise EnvError(f"num_envs={num_envs!r} is invalid: give a whole number >= 1 (how many sub-envs to step)")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)):
-        raise EnvError(f"seed={seed!r} is invalid: give a whole number, or None for a random one")
-    num_envs, seed = int(num_envs), None if seed is None else int(seed)
+    num_envs, seed = int(num_envs), None if seed is None else seed_value(seed)
     if torch.device(device).type == "cuda" and not torch.cuda.is_available():
         raise EnvError(f"env {name!r} was asked for on device {str(device)!r} but CUDA is not available; use device "
                        "cpu")
