@@ -18,8 +18,11 @@ rollout, 5 epochs of minibatches of 6,400 sub-env steps (all agents of each), Ad
 64 x 64, gamma 0.99, GAE lambda 0.95, clip 0.2, entropy 0.01, value-loss weight 0.5 (squared error), advantages
 standardised per minibatch, gradient norm clipped at 10, every episode end ending the returns (no bootstrap at the
 25-step limit). What differs is each library's own MAPPO: jaderl's critic reads the global state and is trained on
-normalised value targets (MAPPO's value normalisation) and its actor sees the agent's one-hot id; TorchRL's critic
-reads all observations and its loss has no value normalisation.
+normalised value targets (MAPPO's value normalisation), its actor sees the agent's one-hot id, and both networks start
+from the MAPPO code's initialisation (orthogonal hidden layers at tanh's gain 5/3, zero biases, the policy's output
+layer at gain 0.01); TorchRL's critic reads all observations, its loss has no value normalisation and its networks
+start from PyTorch's default initialisation. ``--peer-init jaderl`` gives TorchRL's networks jaderl's initialisation
+(:func:`orthogonal_like_jaderl`), to tell how much of the difference in env steps to the target comes from it.
 
 For each of ``--seeds`` (0, 1, 2) the two runs alternate iteration by iteration in this process (so both see the
 same load on a shared machine), each on one torch thread. An iteration is one rollout and its update; its wall time
@@ -102,7 +105,7 @@ class TorchRLSide:
 
     name = "TorchRL"
 
-    def __init__(self, device: str, seed: int) -> None:
+    def __init__(self, device: str, seed: int, peer_init: str = "default") -> None:
         from tensordict.nn import TensorDictModule
         from torchrl.collectors import Collector
         from torchrl.data.replay_buffers import ReplayBuffer
@@ -122,8 +125,12 @@ class TorchRLSide:
             TensorDictModule(self.actor_net, in_keys=[("agents", "observation")], out_keys=[("agents", "logits")]),
             in_keys=[("agents", "logits")], out_keys=[("agents", "action")],
             distribution_class=torch.distributions.Categorical, return_log_prob=True)
-        critic = TensorDictModule(MultiAgentMLP(n_agent_inputs=obs_dim, n_agent_outputs=1, centralized=True, **mlp),
-                                  in_keys=[("agents", "observation")], out_keys=[("agents", "state_value")])
+        critic_net = MultiAgentMLP(n_agent_inputs=obs_dim, n_agent_outputs=1, centralized=True, **mlp)
+        if peer_init == "jaderl":
+            orthogonal_like_jaderl(self.actor_net, out_gain=0.01)
+            orthogonal_like_jaderl(critic_net, out_gain=1.0)
+        critic = TensorDictModule(critic_net, in_keys=[("agents", "observation")],
+                                  out_keys=[("agents", "state_value")])
         self.loss = ClipPPOLoss(actor, critic, clip_epsilon=SETTINGS["clip_ratio"],
                                 entropy_coeff=SETTINGS["ent_coef"], critic_coeff=SETTINGS["vf_coef"],
                                 loss_critic_type="l2", normalize_advantage=True)
@@ -162,6 +169,18 @@ class TorchRLSide:
 
     def close(self) -> None:
         self.collector.shutdown()
+
+
+@torch.no_grad()
+def orthogonal_like_jaderl(net: nn.Module, out_gain: float) -> None:
+    """jaderl's MAPPO initialisation on a TorchRL ``MultiAgentMLP``: orthogonal weights at tanh's gain (5/3) for the
+    hidden layers and at ``out_gain`` for the output layer, zero biases."""
+    weights = [p for name, p in net.named_parameters() if name.endswith("weight")]
+    for i, weight in enumerate(weights):
+        nn.init.orthogonal_(weight, out_gain if i == len(weights) - 1 else nn.init.calculate_gain("tanh"))
+    for name, p in net.named_parameters():
+        if name.endswith("bias"):
+            p.zero_()
 
 
 def spread_for_torchrl(num_envs: int, device: str, seed: int) -> Any:
@@ -216,7 +235,7 @@ def run_seed(args: argparse.Namespace, seed: int) -> dict[str, Any]:
     evaluations (env steps, team return, training seconds) and its first evaluation at the target."""
     frames = SETTINGS["num_envs"] * SETTINGS["horizon"]
     with tempfile.TemporaryDirectory() as tmp:
-        sides = [JaderlSide(args.device, seed, f"{tmp}/run"), TorchRLSide(args.device, seed)]
+        sides = [JaderlSide(args.device, seed, f"{tmp}/run"), TorchRLSide(args.device, seed, args.peer_init)]
         times: dict[str, list[float]] = {side.name: [] for side in sides}
         evals: dict[str, list[tuple[int, float, float]]] = {side.name: [] for side in sides}  # (steps, return, s)
         for it in range(1, args.iterations + 1):
@@ -257,6 +276,8 @@ def main() -> None:
     parser.add_argument("--target", type=float, default=-57.0)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--seeds", default="0,1,2", help="one pair of runs per seed, one seed after another")
+    parser.add_argument("--peer-init", choices=("default", "jaderl"), default="default",
+                        help="TorchRL's networks' initialisation: PyTorch's default (as TorchRL ships), or jaderl's")
     parser.add_argument("--write", action="store_true", help="record the table in benchmarks/RESULTS.md")
     args = parser.parse_args()
     if importlib.util.find_spec("torchrl") is None:
@@ -286,7 +307,9 @@ def main() -> None:
         f"torchrl {torchrl.__version__}; one torch thread, the two runs of a seed alternating iteration by iteration",
         "",
         f"MAPPO on `jaderl/simple_spread` (3 agents), {args.iterations} rollouts of {frames:,} env steps each, the "
-        "same settings and network sizes on both sides (see the script's docstring); team return of 1,000 "
+        "same settings and network sizes on both sides (see the script's docstring), TorchRL's networks initialised "
+        f"{'as jaderl initialises its own (--peer-init jaderl)' if args.peer_init == 'jaderl' else 'as it ships'}; "
+        "team return of 1,000 "
         f"deterministic episodes every {args.eval_every} rollout(s); target {args.target:g}; *time to the target*: "
         "TorchRL's training time to its first evaluation at the target over jaderl's:",
         "",

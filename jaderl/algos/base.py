@@ -10,7 +10,7 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from jaderl.algos.nets import CategoricalActor, GaussianActor, SDEGaussianActor
+from jaderl.algos.nets import CategoricalActor, GaussianActor, SDEGaussianActor, orthogonal_hidden_
 from jaderl.algos.per import PrioritizedReplayBuffer
 from jaderl.core.agent import Agent, Hyperparameter
 from jaderl.core.buffers import Batch, ReplayBuffer
@@ -93,6 +93,10 @@ class OnPolicyConfig(SDEConfig, Config):
     max_grad_norm: float = param(0.5, "clip gradient norm to this (0 disables)", low=0.0)
     normalize_advantages: bool = param(True, "standardise the advantages (per minibatch, or over the rollout)")
     log_std_init: float = param(-0.5, "initial log standard deviation of the Gaussian policy (continuous actions)")
+    ortho_init: bool = param(False, "orthogonal initial weights (zero biases) of the actor's and the critic's hidden "
+                             "layers, scaled by the activation's gain (tanh 5/3, relu sqrt 2), as the MAPPO code's "
+                             "use_orthogonal; false keeps PyTorch's default (the output layers are orthogonal either "
+                             "way, the policy's at gain 0.01 and the value's at 1)")
     normalize_reward: bool = param(False, "divide rewards by the running standard deviation of the discounted return "
                                    "before learning from them (SB3's VecNormalize norm_reward); the critic learns "
                                    "scaled returns, while logged and evaluated returns stay the env's")
@@ -257,9 +261,18 @@ class OnPolicyAgent(SDEExploration, Agent):
         if log_std_init is not None and isinstance(self.actor, GaussianActor):
             self.actor.log_std.data.fill_(log_std_init)
         self.critic = mlp([self.obs_dim, *hidden, 1], activation, out_gain=1.0).to(self.device) if critic else None
+        self.init_hidden(self.actor, self.critic)
         params = [*self.encoder_parameters(), *self.actor.parameters()]
         params += [] if self.critic is None else list(self.critic.parameters())
         self.optimizer: torch.optim.Optimizer = self.adam(params, lr=self.config.lr, eps=eps)
+
+    def init_hidden(self, *nets: nn.Module | None) -> None:
+        """Initialise the hidden layers of ``nets`` orthogonally if ``ortho_init`` (:func:`orthogonal_hidden_`)."""
+        if self.config.ortho_init:
+            gain = nn.init.calculate_gain(self.config.activation)
+            for net in nets:
+                if net is not None:
+                    orthogonal_hidden_(net, gain)
 
     def networks(self) -> dict[str, nn.Module]:
         critic = {} if self.critic is None else {"critic": self.critic}

@@ -20,6 +20,15 @@ SHORT_SOFTMAX = 16
 layout, where reductions over the actions are vectorised along the batch."""
 
 
+@torch.no_grad()
+def orthogonal_hidden_(net: nn.Module, gain: float) -> None:
+    """Orthogonal weights scaled by ``gain`` and zero biases for every ``Linear`` layer of ``net`` but its last, whose
+    initialisation its builder chose (a policy's output at gain 0.01, a value's at 1)."""
+    for layer in [m for m in net.modules() if isinstance(m, nn.Linear)][:-1]:
+        nn.init.orthogonal_(layer.weight, gain)
+        layer.bias.zero_()
+
+
 class CategoricalActor(nn.Module):
     """Discrete policy: logits from an MLP. Sampling and log-probabilities are written out (no Distribution objects,
     whose argument checks cost more than the network on small batches)."""

@@ -107,6 +107,9 @@ class MAPPOConfig(OnPolicyConfig):
                                      "rewards; false is IPPO: a value per agent of its own observation and reward")
     bootstrap_truncated: bool = param(False, "a truncated episode's last step bootstraps from the value of the state "
                                       "it reached; false ends the returns there, as MAPPO and IPPO do")
+    ortho_init: bool = param(True, "orthogonal initial weights (zero biases) of the actor's and the critic's hidden "
+                             "layers, scaled by the activation's gain (tanh 5/3), as the MAPPO code's use_orthogonal; "
+                             "false keeps PyTorch's default")
     normalize_values: bool = param(True, "the critic predicts values normalised by a running mean and standard "
                                    "deviation (at least 0.1) of the value targets (MAPPO's use_valuenorm)")
 
@@ -139,6 +142,7 @@ class MAPPO(MultiAgent, OnPolicyAgent):
         self.build_actor_critic(config.hidden, critic=False, log_std_init=config.log_std_init)  # the actor
         critic_in = self.state_dim if config.centralised_critic else self.obs_dim
         self.critic = mlp([critic_in, *config.hidden, 1], ACTIVATIONS[config.activation], out_gain=1.0).to(device)
+        self.init_hidden(self.critic)
         self.optimizer.add_param_group({"params": list(self.critic.parameters())})
         # values normalised by the targets' running statistics (the state like the observations: MultiAgent)
         self.value_norm = ValueNorm(config.normalize_values).to(device)

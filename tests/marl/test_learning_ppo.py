@@ -6,14 +6,16 @@ core, for both; and >= -50 within 2M env steps for MAPPO. Each run uses the algo
 torch thread and seed 0, evaluates 100 deterministic episodes (so that a lucky 10-episode evaluation cannot pass)
 every rollout (25,600 steps), and stops at the first evaluation that reaches the target; ``time_limit`` guards the
 run. MAPPO's two targets share one run. Measured when written (first evaluation at the target; trainer seconds on a
-2-core machine shared with other jobs, CPU seconds of the process in brackets):
+2-core machine, the other core idle):
 
-    mappo >= -57: seed 0 435k steps, 38 s (38 s);  seed 1 384k, 34 s (35 s);  seed 2 358k, 38 s (32 s)
-    ippo  >= -57: seed 0 435k steps, 50 s (50 s);  seed 1 205k, 24 s (26 s);  seed 2 358k, 41 s (42 s)
-    mappo >= -50: seed 0 922k steps, 72 s (72 s);  seed 1 1.20M, 93 s (93 s);  seed 2 1.20M, 94 s (94 s)
+    mappo >= -57: seed 0 358k steps, 8 s;  seed 1 384k, 8 s;   seed 2 230k, 5 s
+    ippo  >= -57: seed 0 358k steps, 10 s; seed 1 358k, 10 s;  seed 2 358k, 10 s
+    mappo >= -50: seed 0 563k steps, 12 s; seed 1 870k, 18 s;  seed 2 614k, 13 s
 
-With no target (200-episode evaluations), MAPPO's team return at 2M steps: seeds 1 and 2 -44.2 and -44.7 (seed 0:
--45.8 at 1.5M); IPPO seed 0 -51.1 at 1M. The whole file takes about 4 minutes of CPU (the navigation test 2.3 of them).
+With no target (200-episode evaluations), MAPPO's team return at 2M steps: seeds 1 and 2 -39.8 and -37.9; IPPO seed
+0 -46.9 at 1M. Both start from the MAPPO code's orthogonal initialisation (``ortho_init``); with PyTorch's default
+one MAPPO took 358k-435k env steps to -57 and 922k-1.2M to -50 and reached -44 to -46 by 2M, IPPO 205k-435k to -57
+and -51 by 1M (the same seeds). The whole file takes about 2 minutes of CPU (the navigation test 1.1 of them).
 """
 
 from __future__ import annotations
@@ -80,15 +82,15 @@ def goal_fraction(agent: Agent, episodes: int = 200) -> float:
 @pytest.mark.slow(seconds=100)
 def test_mappo_brings_the_agents_of_vmas_navigation_to_their_goals(tmp_path: Path) -> None:
     """4 agents, each to its own goal (VMAS's defaults: discrete actions, shared distance-shaping reward, 100-step
-    episodes that end once every agent is on its goal). The team return reaches about 16 within 200k-400k steps,
-    while the agents still hover around their goals; then the fraction on their goals climbs, not monotonically:
-    seed 0 0.29, 0.88, 0.93, 0.86, 0.62, 0.94, 0.98, 0.98 at 128k, 256k ... 1,024k steps; seed 1 0.10, 0.62, 0.84,
-    0.91, 0.66, 0.94, 0.89, 0.99 (runs measured every 128k steps: measuring resets VMAS envs, which draws random
-    numbers, so these runs are not the test's). The team return stays near 16 from 256k steps on whatever the
-    fraction (15.1-16.1 over 100 episodes), so the best checkpoint by return is no better than any late one: the test
-    takes the policy at the end of 1,024k steps (40 rollouts of the defaults' 1024 x 25 steps), where seeds 0 and 1
-    had 0.94 and 0.98 (evaluated only there), and asks for 0.8. Random policy: 0.005 of the agents, team return about
-    -5."""
+    episodes that end once every agent is on its goal). The team return reaches about 16 within 200k-400k steps, while
+    the agents still hover around their goals; then the fraction on their goals climbs, not monotonically (these runs
+    with PyTorch's default initialisation, ``ortho_init=false``): seed 0 0.29, 0.88, 0.93, 0.86, 0.62, 0.94, 0.98, 0.98
+    at 128k, 256k ... 1,024k steps; seed 1 0.10, 0.62, 0.84, 0.91, 0.66, 0.94, 0.89, 0.99 (runs measured every 128k
+    steps: measuring resets VMAS envs, which draws random numbers, so these runs are not the test's). The team return
+    stays near 16 from 256k steps on whatever the fraction (15.1-16.1 over 100 episodes), so the best checkpoint by
+    return is no better than any late one: the test takes the policy at the end of 1,024k steps (40 rollouts of the
+    defaults' 1024 x 25 steps), where seeds 0 and 1 had 0.99 and 0.99 (evaluated only there; 0.94 and 0.98 with the
+    default initialisation), and asks for 0.8. Random policy: 0.005 of the agents, team return about -5."""
     pytest.importorskip("vmas")
     budget_steps = 1_024_000
     torch.set_num_threads(1)

@@ -42,7 +42,8 @@ CASES = [
     # ~150 s CPU); matd3 after 100k steps 2.1 vs 0.31 (~190 s CPU; after 50k only 0.74 vs 0.45: its delayed actor
     # updates learn the chase later; seed 1: 2.2 vs 0.25)
     ("maddpg", 50_000), ("matd3", 100_000),
-    # ippo after 512k steps (20 rollouts) 1.51 vs 0.38 (~60 s; after 1M: 2.39 vs 0.27, ~120 s); iql after 150k
+    # ippo after 512k steps (20 rollouts) 1.86 vs 0.24 (~18 s; after 1M: 2.03 vs 0.27, ~35 s; seed 1: 2.54 vs 0.23 and
+    # 1.96 vs 0.29; with PyTorch's default initialisation, ortho_init=false, seed 0: 1.51 vs 0.38); iql after 150k
     # steps 2.41 vs 0.40 (~115 s; after 100k: 0.99 vs 0.50, its epsilon decays over the first 50k)
     ("ippo", 512_000), ("iql", 150_000),
 ]

@@ -122,6 +122,37 @@ def test_minibatch_loss_is_the_clipped_objective_with_the_team_advantage_for_eve
     assert 0 < float(stats["policy/clip_fraction"]) < 1
 
 
+def hidden_and_output_layers(net: torch.nn.Module) -> tuple[list[torch.nn.Linear], torch.nn.Linear]:
+    layers = [m for m in net.modules() if isinstance(m, torch.nn.Linear)]
+    return layers[:-1], layers[-1]
+
+
+def is_orthogonal(weight: torch.Tensor, gain: float) -> bool:
+    """Rows (or columns, whichever are fewer) orthogonal, each of norm ``gain``."""
+    w = weight if weight.shape[0] <= weight.shape[1] else weight.T
+    return torch.allclose(w @ w.T, gain**2 * torch.eye(w.shape[0]), atol=1e-4)
+
+
+@pytest.mark.parametrize("algo", ["mappo", "ippo"])
+def test_hidden_layers_start_orthogonal_at_the_activations_gain_as_the_mappo_code_does(algo: str) -> None:
+    for activation, gain in (("tanh", 5 / 3), ("relu", math.sqrt(2))):
+        agent = make_agent(algo, activation=activation)
+        for net, out_gain in ((agent.actor, 0.01), (agent.critic, 1.0)):
+            hidden, out = hidden_and_output_layers(net)
+            assert len(hidden) == 2
+            for layer in hidden:
+                assert is_orthogonal(layer.weight, gain) and not layer.bias.any()
+            assert is_orthogonal(out.weight, out_gain) and not out.bias.any()
+    agent = make_agent(algo, ortho_init=False)  # PyTorch's default: uniform weights and biases
+    for net in (agent.actor, agent.critic):
+        for layer in hidden_and_output_layers(net)[0]:
+            assert not is_orthogonal(layer.weight, 5 / 3) and layer.bias.abs().min() > 0
+    ppo = ALGOS["ppo"].agent_cls(make_config("ppo", "jaderl/CartPole-v1", hidden=[16, 16], ortho_init=True),
+                                 make_env("jaderl/CartPole-v1", 1, "cpu", seed=0).spec, torch.device("cpu"))
+    for net in (ppo.actor, ppo.critic):
+        assert all(is_orthogonal(layer.weight, 5 / 3) for layer in hidden_and_output_layers(net)[0])
+
+
 def test_ippo_critic_reads_each_agent_observation_and_id() -> None:
     agent = make_agent("ippo")
     data = random_rollout(2)
