@@ -24,15 +24,15 @@ layer at gain 0.01); TorchRL's critic reads all observations, its loss has no va
 start from PyTorch's default initialisation. ``--peer-init jaderl`` gives TorchRL's networks jaderl's initialisation
 (:func:`orthogonal_like_jaderl`), to tell how much of the difference in env steps to the target comes from it.
 
-For each of ``--seeds`` (0, 1, 2) the two runs alternate iteration by iteration in this process (so both see the
-same load on a shared machine), each on one torch thread. An iteration is one rollout and its update; its wall time
-is the training time. Every ``--eval-every`` iterations (1) each policy is evaluated on the same 1,000 deterministic
-episodes (excluded from the training time). The table gives, per seed, training env-steps/s, the team return reached,
-and the training time until the first evaluation at ``--target`` (default -57: 30 % better than a random policy's
--81); the summary, the medians over the seeds of jaderl's rate over TorchRL's and of TorchRL's time to the target
-over jaderl's (a seed's trajectory decides when either side first crosses the target, so one seed alone swings the
-ratio by 1.5x). Target: jaderl >= 3x faster to the same return. ``--write`` records the table in the ``## marl``
-section of benchmarks/RESULTS.md.
+For each of ``--seeds`` (0, 1, 2) the two runs alternate iteration by iteration in this process (so both see the same
+load on a shared machine; which one goes first alternates too), each on one torch thread. An iteration is one rollout
+and its update; its wall time is the training time. Every ``--eval-every`` iterations (1) each policy is evaluated on
+the same 1,000 deterministic episodes (excluded from the training time). The table gives, per seed, training
+env-steps/s, the team return reached, and the training time until the first evaluation at ``--target`` (default -57:
+30 % better than a random policy's -81); the summary, the medians over the seeds of jaderl's rate over TorchRL's and of
+TorchRL's time to the target over jaderl's (a seed's trajectory decides when either side first crosses the target, so
+one seed alone swings the ratio by 1.5x). Target: jaderl >= 3x faster to the same return. ``--write`` records the table
+in the ``## marl`` section of benchmarks/RESULTS.md.
 """
 
 from __future__ import annotations
@@ -239,7 +239,7 @@ def run_seed(args: argparse.Namespace, seed: int) -> dict[str, Any]:
         times: dict[str, list[float]] = {side.name: [] for side in sides}
         evals: dict[str, list[tuple[int, float, float]]] = {side.name: [] for side in sides}  # (steps, return, s)
         for it in range(1, args.iterations + 1):
-            for side in sides:
+            for side in sides if it % 2 else sides[::-1]:  # which side steps first alternates
                 start = time.perf_counter()
                 side.iterate()
                 if args.device.startswith("cuda"):
@@ -277,7 +277,7 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--seeds", default="0,1,2", help="one pair of runs per seed, one seed after another")
     parser.add_argument("--peer-init", choices=("default", "jaderl"), default="default",
-                        help="TorchRL's networks' initialisation: PyTorch's default (as TorchRL ships), or jaderl's")
+                        help="TorchRL's networks' initialisation: its default (PyTorch's), or jaderl's")
     parser.add_argument("--write", action="store_true", help="record the table in benchmarks/RESULTS.md")
     args = parser.parse_args()
     if importlib.util.find_spec("torchrl") is None:
@@ -308,7 +308,7 @@ def main() -> None:
         "",
         f"MAPPO on `jaderl/simple_spread` (3 agents), {args.iterations} rollouts of {frames:,} env steps each, the "
         "same settings and network sizes on both sides (see the script's docstring), TorchRL's networks initialised "
-        f"{'as jaderl initialises its own (--peer-init jaderl)' if args.peer_init == 'jaderl' else 'as it ships'}; "
+        f"{'as jaderl initialises its own (--peer-init jaderl)' if args.peer_init == 'jaderl' else 'by default'}; "
         "team return of 1,000 "
         f"deterministic episodes every {args.eval_every} rollout(s); target {args.target:g}; *time to the target*: "
         "TorchRL's training time to its first evaluation at the target over jaderl's:",

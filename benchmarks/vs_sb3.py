@@ -423,14 +423,16 @@ def run_in_subprocess(spec: RunSpec) -> RunResult:
 
 # --- the benchmark ---------------------------------------------------------------------------------------------------
 
-def run_benchmark(tasks: list[Task], seeds: int, quick: bool, sb3_threads: int | None) -> dict[str, list[RunResult]]:
-    """Every (task, seed, library) run, one at a time; the library that goes first alternates per seed."""
+def run_benchmark(tasks: list[Task], seeds: int, quick: bool, sb3_threads: int | None,
+                  first_seed: int = 0) -> dict[str, list[RunResult]]:
+    """Every (task, seed, library) run, one at a time, for seeds ``first_seed`` to ``first_seed + seeds - 1``; the
+    library that goes first alternates per seed."""
     results: dict[str, list[RunResult]] = {t.key: [] for t in tasks}
     total, done = len(tasks) * seeds * len(LIBRARIES), 0
     with tempfile.TemporaryDirectory(prefix="vs_sb3-") as tmp:
         for task in tasks:
-            for seed in range(seeds):
-                order = LIBRARIES if seed % 2 == 0 else LIBRARIES[::-1]
+            for seed in range(first_seed, first_seed + seeds):
+                order = LIBRARIES if (seed - first_seed) % 2 == 0 else LIBRARIES[::-1]
                 for library in order:
                     done += 1
                     spec = RunSpec(library=library, task=task.key, seed=seed,
@@ -661,6 +663,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--tasks", default=",".join(TASKS),
                         help=f"comma-separated, from: {', '.join(TASKS)} (default: all)")
     parser.add_argument("--seeds", type=int, default=3, help="seeds per library and task (default 3)")
+    parser.add_argument("--first-seed", type=int, default=0,
+                        help="the first seed (default 0); e.g. 100 for seeds that no zoo entry was chosen on")
     parser.add_argument("--quick", action="store_true",
                         help="smoke check: 1 seed, small budgets; writes no file unless --out names one "
                              "(never the default RESULTS.md)")
@@ -695,7 +699,7 @@ def main(argv: list[str] | None = None) -> None:
             raise SystemExit(f"JADERL_SETTINGS[{key!r}] sets {clash}: the benchmark fixes those for both libraries")
     tasks = [TASKS[key] for key in args.task_list]
     load_before = load_average()
-    results = run_benchmark(tasks, args.seeds, args.quick, args.sb3_threads)
+    results = run_benchmark(tasks, args.seeds, args.quick, args.sb3_threads, args.first_seed)
     section = report(tasks, results, args.quick, load_before)
     print("\n" + section)
     out = args.out if args.quick else (args.out or RESULTS_PATH)
