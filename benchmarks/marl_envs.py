@@ -149,12 +149,17 @@ def _si(value: float) -> str:
     return f"{value:,.0f}"
 
 
-def _ratio(jaderl: tuple[float, float], other: tuple[float, float] | None, form: str, cpu: bool) -> str:
+def _times(ratio: float) -> str:
+    """A ratio as ``1.4x`` below 10 and ``1,828x`` from there."""
+    return f"{ratio:.1f}x" if ratio < 10 else f"{ratio:,.0f}x"
+
+
+def _ratio(jaderl: tuple[float, float], other: tuple[float, float] | None, cpu: bool) -> str:
     """``jaderl / other`` per second of wall time, and per CPU-second in parentheses on the CPU."""
     if other is None:
         return "-"
-    wall = form.format(jaderl[0] / other[0])
-    return f"{wall} ({form.format(jaderl[1] / other[1])})" if cpu else wall
+    wall = _times(jaderl[0] / other[0])
+    return f"{wall} ({_times(jaderl[1] / other[1])})" if cpu else wall
 
 
 def _measure_row(num_envs: int, args: argparse.Namespace) -> dict[str, tuple[float, float] | None]:
@@ -230,7 +235,7 @@ def main(argv: list[str] | None = None) -> None:
         assert jaderl is not None
         skipped = "skipped" if "VMAS" in args.libraries else "-"
         cells = [_si(jaderl[0]), "-" if mpe2 is None else _si(mpe2[0]), skipped if vmas is None else _si(vmas[0]),
-                 _ratio(jaderl, mpe2, "{:,.0f}x", cpu), _ratio(jaderl, vmas, "{:.1f}x", cpu)]
+                 _ratio(jaderl, mpe2, cpu), _ratio(jaderl, vmas, cpu)]
         print(f"| {n:,} | " + " | ".join(cells) + " |")
     print()
     target = rows.get(TARGET_COUNT)
