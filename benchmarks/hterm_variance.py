@@ -3,11 +3,12 @@
 Usage (from the repository root)::
 
     .venv/bin/python benchmarks/hterm_variance.py [--algo sac] [--env jaderl/Pendulum-v1] [--seeds 5] [--steps 6000]
+        [--write]
 
 Every seed trains twice with identical settings, once with ``use_hterm=false`` and once with ``use_hterm=true``,
 for a fixed step budget (no early stop); the final evaluation (10 deterministic episodes) of each run is compared
-across seeds: mean, standard deviation and worst seed. The table goes to the ``## hterm_variance`` section of
-benchmarks/RESULTS.md (other sections are kept).
+across seeds: mean, standard deviation and worst seed. The table is printed; ``--write``
+also puts it in the ``## hterm_variance`` section of benchmarks/RESULTS.md (other sections are kept).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ def main() -> None:
     parser.add_argument("--env", default="jaderl/Pendulum-v1")
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=6_000)
+    parser.add_argument("--write", action="store_true", help="record the table in benchmarks/RESULTS.md")
     args = parser.parse_args()
     rows = []
     for use_hterm in (False, True):
@@ -59,10 +61,12 @@ def main() -> None:
         "coefficient 0.1, one H-term step per hterm_every iterations: 64 for SAC). "
         "Final evaluation: 10 deterministic episodes. "
         "Five seeds are a small sample: read the spread as an indication, not a significance test.", "",
-        "| H-term | mean final return | std across seeds | worst seed | per seed |", "|---|---|---|---|---|",
+        "| H-term | mean final return | std across seeds (sample, n - 1) | worst seed | per seed |",
+        "|---|---|---|---|---|",
         *rows, ""])
     print(section)
-    write_section(SECTION, section)
+    if args.write:
+        write_section(SECTION, section)
 
 if __name__ == "__main__":
     main()

@@ -2,7 +2,7 @@
 
 Usage (from the repository root)::
 
-    .venv/bin/python benchmarks/lightning_overhead.py [--repeats 3] [--cases ppo,dqn]
+    .venv/bin/python benchmarks/lightning_overhead.py [--repeats 3] [--cases ppo,dqn] [--write]
 
 Each case trains the same algorithm with the same settings, seed and env-step budget twice per repeat: with
 ``jaderl.train`` (jaderl's loop: evaluations every ``eval_every`` steps, metrics.csv, one checkpoint at the end) and
@@ -13,7 +13,7 @@ times move with other work on a shared machine; their ratio is shown beside).
 The cases are the two ends of the per-iteration work: PPO takes 256 env steps and 20 epochs of minibatches per
 iteration; DQN takes one env step and half a gradient step per iteration, so Lightning's fixed cost per training
 step weighs most there. Both leave the zoo out (``zoo=False``), so that its tuned settings do not change the cases.
-The table goes to the ``## lightning_overhead`` section of benchmarks/RESULTS.md.
+The table is printed; ``--write`` also puts it in the ``## lightning_overhead`` section of benchmarks/RESULTS.md.
 """
 
 from __future__ import annotations
@@ -70,6 +70,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--cases", default=",".join(CASES))
+    parser.add_argument("--write", action="store_true", help="record the table in benchmarks/RESULTS.md")
     args = parser.parse_args()
     import logging
 
@@ -111,7 +112,8 @@ def main() -> None:
         "|---|---|---|---|---|---|---|",
         *rows, ""])
     print(section)
-    write_section(SECTION, section)
+    if args.write:
+        write_section(SECTION, section)
 
 
 if __name__ == "__main__":

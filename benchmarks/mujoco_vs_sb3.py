@@ -121,7 +121,8 @@ def report(runs: list[dict[str, Any]], command: str) -> str:
         "deterministic episodes. Settings in benchmarks/mujoco_vs_sb3.py (RL-Zoo's warm-up and TD3 noise, otherwise "
         "library defaults, so TD3's networks are [256, 256] in jaderl and [400, 300] in SB3; one CPU thread each).",
         "",
-        "| algorithm | env | library | seeds | mean final return | std across seeds | per seed | median wall (s) |",
+        "| algorithm | env | library | seeds | mean final return | std across seeds (population, n) | per seed "
+        "| median wall (s) |",
         "|---|---|---|---:|---:|---:|---|---:|", *rows, ""])
 
 

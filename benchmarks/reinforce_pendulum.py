@@ -2,15 +2,15 @@
 
 Usage (from the repository root)::
 
-    .venv/bin/python benchmarks/reinforce_pendulum.py [--seeds 0,1,...,23] [--budget 1024000] [--jobs 2]
+    .venv/bin/python benchmarks/reinforce_pendulum.py [--seeds 0,1,...,23] [--budget 1024000] [--jobs 2] [--write]
 
 Trains ``reinforce`` on ``jaderl/Pendulum-v1`` with the zoo's settings (``jaderl/zoo/pendulum.yaml``, which the
 ``reinforce-pendulum`` case of tests/algos/test_learning.py trains) on every seed for up to ``--budget`` env steps
 (1,024k: 80 of the zoo's rollouts of 64 x 200 steps, about RL-Zoo's A2C budget on Pendulum, 1M, the largest of its
 policy-gradient family), evaluating 10 deterministic episodes every 25,600 steps and stopping at -200. The learning
 test runs a few seeds; this table says how often the setting solves the task. ``--jobs`` runs that many seeds at a
-time, one CPU thread each. The table goes to the ``## reinforce_pendulum`` section of benchmarks/RESULTS.md (other
-sections kept).
+time, one CPU thread each. The table is printed; ``--write`` also puts it in the ``## reinforce_pendulum`` section of
+benchmarks/RESULTS.md (other sections kept).
 """
 
 from __future__ import annotations
@@ -59,6 +59,7 @@ def main() -> None:
     parser.add_argument("--seeds", default=",".join(map(str, range(24))))
     parser.add_argument("--budget", type=int, default=1_024_000)
     parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--write", action="store_true", help="record the table in benchmarks/RESULTS.md")
     args = parser.parse_args()
     seeds = [int(s) for s in args.seeds.split(",") if s]
     with multiprocessing.get_context("spawn").Pool(args.jobs) as pool:
@@ -79,7 +80,8 @@ def main() -> None:
         f"**Reached {TARGET:.0f}: {len(solved)} of {len(results)} seeds** (median {median} env steps among those).", "",
         f"| seed | reached {TARGET:.0f} | best evaluation | wall time (s) |", "|---|---|---|---|", *rows, ""])
     print(section)
-    write_section(SECTION, section)
+    if args.write:
+        write_section(SECTION, section)
 
 
 if __name__ == "__main__":
