@@ -79,7 +79,16 @@ def fuse_runs(run_dirs: Sequence[str | Path], out: str | Path, device: str = "cp
             raise ConfigError(f"{twice}; fusing a run with itself averages its agent with itself and changes nothing, "
                               "so pass each run directory once")
         seen[key] = name
-    agents = [load(d, best=False, device=device) for d in run_dirs]
+    agents = []
+    for name in names:
+        try:
+            agents.append(load(name, best=False, device=device))
+        except FileNotFoundError as exc:  # load's own advice (its best policy, jaderl eval) does not fuse
+            message = str(exc)
+            cut = message.rfind("); ")
+            problem = message[:cut + 1] if cut >= 0 else message
+            raise FileNotFoundError(f"{problem}; fusion averages the runs' last checkpoints, so restore {name} "
+                                    "from a copy or leave it out") from None
     check_same_settings(agents, names)
     config = agents[0].config.replace(run_dir=str(out), device=device)
     existed = Path(out).exists()

@@ -158,6 +158,24 @@ def test_ensemble_combines_actions(two_runs: list[Path], actions: list[Any], dis
     np.testing.assert_allclose(ensemble.predict(np.zeros(4, np.float32)), expected, rtol=1e-6)
 
 
+def test_fuse_names_a_damaged_checkpoint_and_what_fusing_needs(two_runs: list[Path], tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """A run whose last checkpoint is damaged: the message used to suggest its best policy and `jaderl eval`, which
+    fusing cannot use."""
+    damaged = tmp_path / "damaged"
+    shutil.copytree(two_runs[1], damaged)
+    tensor_file = next(damaged.glob("ckpt-*.safetensors"))
+    tensor_file.write_bytes(tensor_file.read_bytes()[:100])
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fuse", str(two_runs[0]), str(damaged), "--out", str(tmp_path / "out")])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert re.fullmatch(rf"jaderl: error: {re.escape(str(damaged))} holds no readable checkpoint: "
+                        rf"{re.escape(str(tensor_file))} is missing or damaged \(.+\); fusion averages the runs' last "
+                        rf"checkpoints, so restore {re.escape(str(damaged))} from a copy or leave it out", err), err
+    assert "jaderl eval" not in err and not (tmp_path / "out").exists()
+
+
 def test_ensemble_of_runs_evaluates(two_runs: list[Path]) -> None:
     ensemble = Ensemble.from_runs(two_runs)
     report = ensemble.evaluate(episodes=3)
