@@ -83,12 +83,12 @@ def fuse_runs(run_dirs: Sequence[str | Path], out: str | Path, device: str = "cp
     for name in names:
         try:
             agents.append(load(name, best=False, device=device))
-        except FileNotFoundError as exc:  # load's own advice (its best policy, jaderl eval) does not fuse
-            message = str(exc)
-            cut = message.rfind("); ")
-            problem = message[:cut + 1] if cut >= 0 else message
-            raise FileNotFoundError(f"{problem}; fusion averages the runs' last checkpoints, so restore {name} "
-                                    "from a copy or leave it out") from None
+        except (FileNotFoundError, ConfigError) as exc:  # load's advice (its best policy, jaderl eval) does not fuse
+            message, cut = str(exc), str(exc).rfind("); ")
+            if "holds no readable checkpoint" not in message or cut < 0:
+                raise
+            raise type(exc)(f"{message[:cut + 1]}; fusion averages the runs' last checkpoints, so restore {name} "
+                            "from a copy or leave it out") from None
     check_same_settings(agents, names)
     config = agents[0].config.replace(run_dir=str(out), device=device)
     existed = Path(out).exists()

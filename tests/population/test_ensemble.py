@@ -174,6 +174,12 @@ def test_fuse_names_a_damaged_checkpoint_and_what_fusing_needs(two_runs: list[Pa
                         rf"{re.escape(str(tensor_file))} is missing or damaged \(.+\); fusion averages the runs' last "
                         rf"checkpoints, so restore {re.escape(str(damaged))} from a copy or leave it out", err), err
     assert "jaderl eval" not in err and not (tmp_path / "out").exists()
+    (damaged / "checkpoint.json").write_text("{")  # a damaged JSON: load's advice was its best policy (best=True)
+    with pytest.raises(SystemExit):
+        main(["fuse", str(two_runs[0]), str(damaged), "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err.strip()
+    assert err.endswith(f"is missing or damaged); fusion averages the runs' last checkpoints, so restore {damaged} "
+                        "from a copy or leave it out") and "best=True" not in err, err
 
 
 def test_ensemble_of_runs_evaluates(two_runs: list[Path]) -> None:
