@@ -271,14 +271,16 @@ def _as_field(config: Config, key: str, value: Any) -> Any:
         return value
 
 
-def load(run_dir: str | Path, best: bool = True, device: str = "cpu") -> Agent:
+def load(run_dir: str | Path, best: bool = True, device: str = "cpu", *, remedy: str | None = None) -> Agent:
     """The agent saved in ``run_dir``, with its best evaluated policy (``best=True``) or its last state.
 
     With ``best=True`` and a best-policy file, only that file's tensors are read (with the config from the
     checkpoint's JSON, or from the run's ``config.yaml`` if that is unreadable), so a damaged checkpoint tensor file
     does not stop an evaluation; the checkpoint's tensors are read for ``best=False`` or a run without a best policy.
     Anything damaged that is needed, or parameters that are NaN or infinite, raise one sentence naming the file; so
-    does a file given as ``run_dir`` (the run's ``best_policy.safetensors``: load takes the directory that holds it)."""
+    does a file given as ``run_dir`` (the run's ``best_policy.safetensors``: load takes the directory that holds it).
+    ``remedy`` replaces what that sentence tells the user to do when the checkpoint it needs is missing or damaged
+    (by default: load the best policy instead, where there is one, or pass the directory of another run)."""
     run_dir = _run_dir(run_dir)
     if not isinstance(best, bool):
         raise ConfigError(f"best={best!r} must be True (the best evaluated policy) or False (the last state)")
@@ -292,7 +294,7 @@ def load(run_dir: str | Path, best: bool = True, device: str = "cpu") -> Agent:
     if not use_best and meta is None:
         instead = "load its best policy (best=True) or " if best_path.exists() else ""
         raise ConfigError(f"{run_dir} holds no readable checkpoint ({run_dir / CHECKPOINT_JSON} is missing or "
-                          f"damaged); {instead}pass the run directory of a run that has saved one")
+                          f"damaged); {remedy or instead + 'pass the run directory of a run that has saved one'}")
     env = make_env(config.env, 1, resolve_device(device))
     try:
         spec = env.spec  # agents are built from the env's description
@@ -305,7 +307,7 @@ def load(run_dir: str | Path, best: bool = True, device: str = "cpu") -> Agent:
             _load_counters(agent, meta["state"]["agent"])
     else:
         assert meta is not None
-        _load_checkpoint_agent(agent, run_dir, meta, best_path.exists())
+        _load_checkpoint_agent(agent, run_dir, meta, best_path.exists(), remedy)
     return agent
 
 
@@ -360,12 +362,13 @@ def _load_best_policy(agent: Agent, best_path: Path) -> None:
         raise FileNotFoundError(f"{best_path} is damaged ({str(exc).splitlines()[0]}); {fix}") from None
 
 
-def _load_checkpoint_agent(agent: Agent, run_dir: Path, meta: dict[str, Any], has_best: bool) -> None:
+def _load_checkpoint_agent(agent: Agent, run_dir: Path, meta: dict[str, Any], has_best: bool,
+                           remedy: str | None = None) -> None:
     """Load the agent state of ``run_dir``'s checkpoint (not its replay buffer) into ``agent``, refusing a damaged
-    tensor file or non-finite parameters in one sentence."""
+    tensor file or non-finite parameters in one sentence (ending in ``remedy`` when given)."""
     tensor_path = run_dir / meta["tensor_file"]
-    fix = (("load its best policy instead (`jaderl eval` without --last; best=True in Python), or " if has_best else "")
-           + "restore the run directory from a copy or start a new run")
+    fix = remedy or (("load its best policy instead (`jaderl eval` without --last; best=True in Python), or "
+                      if has_best else "") + "restore the run directory from a copy or start a new run")
     try:
         state = load_checkpoint(run_dir, agent.device, part="agent")
         finite_or_raise({"agent": state}, str(tensor_path))

@@ -79,16 +79,8 @@ def fuse_runs(run_dirs: Sequence[str | Path], out: str | Path, device: str = "cp
             raise ConfigError(f"{twice}; fusing a run with itself averages its agent with itself and changes nothing, "
                               "so pass each run directory once")
         seen[key] = name
-    agents = []
-    for name in names:
-        try:
-            agents.append(load(name, best=False, device=device))
-        except (FileNotFoundError, ConfigError) as exc:  # load's advice (its best policy, jaderl eval) does not fuse
-            message, cut = str(exc), str(exc).rfind("); ")
-            if "holds no readable checkpoint" not in message or cut < 0:
-                raise
-            raise type(exc)(f"{message[:cut + 1]}; fusion averages the runs' last checkpoints, so restore {name} "
-                            "from a copy or leave it out") from None
+    agents = [load(name, best=False, device=device, remedy=f"fusion averages the runs' last checkpoints, so restore "
+                                                            f"{name} from a copy or leave it out") for name in names]
     check_same_settings(agents, names)
     config = agents[0].config.replace(run_dir=str(out), device=device)
     existed = Path(out).exists()
