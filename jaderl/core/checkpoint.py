@@ -61,7 +61,8 @@ def unflatten(skeleton: Any, tensors: dict[str, torch.Tensor]) -> Any:
     return skeleton
 
 
-def _atomic_write(path: Path, write: Any) -> None:
+def atomic_write(path: Path, write: Any) -> None:
+    """Write ``path`` through ``write(tmp)`` and a rename: a reader sees the old file or the whole new one."""
     tmp = path.with_name(path.name + ".tmp")
     try:
         write(tmp)
@@ -81,7 +82,7 @@ def _atomic_write(path: Path, write: Any) -> None:
 def save_tensors(path: str | Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> None:
     """Atomically write a flat dict of tensors (and string ``metadata``) as safetensors."""
     flat = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in tensors.items()}  # small; may share memory
-    _atomic_write(Path(path), lambda p: save_file(flat, str(p), metadata=metadata))
+    atomic_write(Path(path), lambda p: save_file(flat, str(p), metadata=metadata))
 
 
 def save_checkpoint(run_dir: str | Path, state: dict[str, Any], step: int) -> Path:
@@ -92,9 +93,9 @@ def save_checkpoint(run_dir: str | Path, state: dict[str, Any], step: int) -> Pa
     tensor_file = f"ckpt-{step}.safetensors"
     if (run_dir / tensor_file).exists():  # the live checkpoint's, of the same step: it stays until the JSON moves on
         tensor_file = f"ckpt-{step}-{os.urandom(4).hex()}.safetensors"
-    _atomic_write(run_dir / tensor_file, lambda p: save_file(tensors, str(p)))
+    atomic_write(run_dir / tensor_file, lambda p: save_file(tensors, str(p)))
     text = json.dumps({"format": FORMAT, "tensor_file": tensor_file, "state": skeleton}, indent=1)
-    _atomic_write(run_dir / CHECKPOINT_JSON, lambda p: p.write_text(text))
+    atomic_write(run_dir / CHECKPOINT_JSON, lambda p: p.write_text(text))
     for old in run_dir.glob("ckpt-*.safetensors*"):  # with what a killed write left (.tmp)
         if old.name != tensor_file:
             old.unlink()

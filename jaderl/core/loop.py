@@ -35,7 +35,7 @@ import torch
 from jaderl.accel import accelerate, rng_state, set_rng_state
 from jaderl.core.agent import Agent
 from jaderl.core.buffers import Batch
-from jaderl.core.checkpoint import CHECKPOINT_JSON, finite_or_raise, load_checkpoint, save_checkpoint
+from jaderl.core.checkpoint import CHECKPOINT_JSON, atomic_write, finite_or_raise, load_checkpoint, save_checkpoint
 from jaderl.core.config import Config, ConfigError
 from jaderl.core.evaluator import Evaluator
 from jaderl.envs import EnvSpec, VecEnv, make_env
@@ -167,7 +167,7 @@ class Trainer:
                 self.resume_from(load_checkpoint(self.run_dir))
             if coordinator is not None:
                 coordinator.attach(self.agent)
-            self.config.save_yaml(self.run_dir / "config.yaml", self.history)
+            atomic_write(self.run_dir / "config.yaml", lambda p: self.config.save_yaml(p, self.history))
         except BaseException:
             self.close()
             raise
@@ -390,7 +390,7 @@ class Trainer:
         self.agent.set_hyperparameters(**values)
         self.config = self.config.replace(**values)
         self.history.append({"step": self.agent.steps, "changed": {k: [old.get(k), v] for k, v in values.items()}})
-        self.config.save_yaml(self.run_dir / "config.yaml", self.history)
+        atomic_write(self.run_dir / "config.yaml", lambda p: self.config.save_yaml(p, self.history))
 
     def reseed(self, seed: int) -> None:
         """New random streams from ``seed``: torch's (exploration noise, minibatches) and the env's own (its

@@ -61,7 +61,7 @@ from safetensors.torch import save_file
 
 from jaderl.api import ALGOS, RESUME_SETTINGS, build_saved_agent, load_saved_agent, make_config
 from jaderl.core.agent import Agent
-from jaderl.core.checkpoint import _atomic_write, finite_or_raise, flatten, unflatten
+from jaderl.core.checkpoint import atomic_write, finite_or_raise, flatten, unflatten
 from jaderl.core.config import Config, ConfigError
 from jaderl.core.loop import Trainer
 from jaderl.envs import TORCH_ENVS, make_env
@@ -97,7 +97,7 @@ class SafetensorsCheckpointIO(CheckpointIO):
         path.parent.mkdir(parents=True, exist_ok=True)
         # a complete file or none, on disk before it is renamed: a run killed while saving, or a machine that goes
         # down, leaves the previous checkpoints readable
-        _atomic_write(path, lambda tmp: save_file(tensors, str(tmp), metadata=metadata))
+        atomic_write(path, lambda tmp: save_file(tensors, str(tmp), metadata=metadata))
 
     def load_checkpoint(self, path: str | os.PathLike[str], map_location: Any | None = None,
                         weights_only: bool | None = None) -> dict[str, Any]:

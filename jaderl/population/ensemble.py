@@ -23,7 +23,7 @@ import torch
 from jaderl.algos.base import ReturnNorm
 from jaderl.api import ALGOS, episode_count, load
 from jaderl.core.agent import Agent
-from jaderl.core.checkpoint import load_checkpoint
+from jaderl.core.checkpoint import atomic_write, load_checkpoint
 from jaderl.core.config import ConfigError
 from jaderl.core.evaluator import run_episodes
 from jaderl.core.loop import Trainer
@@ -99,7 +99,7 @@ def fuse_runs(run_dirs: Sequence[str | Path], out: str | Path, device: str = "cp
                 stat.running.copy_(running)
             score = trainer.evaluate()
             trainer.config = trainer.config.replace(device=state["config"]["device"])  # the runs' own device
-            trainer.config.save_yaml(trainer.run_dir / "config.yaml", trainer.history)
+            atomic_write(trainer.run_dir / "config.yaml", lambda p: trainer.config.save_yaml(p, trainer.history))
             trainer.checkpoint()
     except BaseException:  # no half-written run is left in ``out``, which a second try would refuse
         shutil.rmtree(out, ignore_errors=True)

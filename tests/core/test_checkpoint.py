@@ -186,7 +186,7 @@ def test_a_checkpoint_of_the_same_step_never_overwrites_the_live_one(tmp_path: P
     import jaderl.core.checkpoint as checkpoint
 
     save_checkpoint(tmp_path, {"w": torch.zeros(3)}, step=5)
-    real = checkpoint._atomic_write
+    real = checkpoint.atomic_write
 
     def dies_before_the_json(path: Path, write: Any) -> None:
         if path.name == CHECKPOINT_JSON:
@@ -194,7 +194,7 @@ def test_a_checkpoint_of_the_same_step_never_overwrites_the_live_one(tmp_path: P
         real(path, write)
 
     with monkeypatch.context() as m:
-        m.setattr(checkpoint, "_atomic_write", dies_before_the_json)
+        m.setattr(checkpoint, "atomic_write", dies_before_the_json)
         with pytest.raises(KeyboardInterrupt):
             save_checkpoint(tmp_path, {"w": torch.ones(3)}, step=5)
     assert torch.equal(load_checkpoint(tmp_path)["w"], torch.zeros(3))

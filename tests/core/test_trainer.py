@@ -121,6 +121,26 @@ def test_hyperparameters_change_in_flight_within_their_ranges(tmp_path: Path) ->
         assert "# step 0: lr 0.0003 -> 0.001, gamma 0.99 -> 0.95" in (tmp_path / "run" / "config.yaml").read_text()
 
 
+def test_an_interrupted_write_of_config_yaml_leaves_the_last_one_whole(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """config.yaml starts a resumed run: Ctrl-C (or a full disk) while it is rewritten leaves the previous file."""
+    from jaderl.core.config import Config
+
+    real = Config.save_yaml
+
+    def half_then_interrupt(self: Config, path: Path, history: list = ()) -> None:
+        real(self, path, history)
+        Path(path).write_text(Path(path).read_text()[:20])  # a partial file, then the interrupt
+        raise KeyboardInterrupt
+
+    with jaderl.Trainer(_config("sac", tmp_path / "run"), ALGOS["sac"].agent_cls) as trainer:
+        before = (tmp_path / "run" / "config.yaml").read_text()
+        monkeypatch.setattr(Config, "save_yaml", half_then_interrupt)
+        with pytest.raises(KeyboardInterrupt):
+            trainer.set_hyperparameters(lr=1e-3)
+    assert (tmp_path / "run" / "config.yaml").read_text() == before
+    assert sorted(p.name for p in (tmp_path / "run").glob("*.tmp")) == []
+
 def test_every_algorithm_lists_hyperparameters_whose_ranges_hold_its_defaults() -> None:
     for name, spec in ALGOS.items():
         config = spec.agent_cls.config_cls.from_dict({**spec.preset, "algo": name})
