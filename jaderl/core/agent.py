@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from jaderl.accel import optimizer_step, zero_grad
 from jaderl.core.buffers import Batch, ReplayBuffer, RolloutBuffer
 from jaderl.core.config import Config, ConfigError
 from jaderl.core.nets import NatureCNN, ObsNorm
@@ -251,13 +252,11 @@ class Agent:
                  params: list[torch.nn.Parameter] | None = None) -> None:
         """One optimizer step on ``loss``; gradients flow into ``params`` only (all of the optimizer's if None)."""
         params = params if params is not None else [p for g in optimizer.param_groups for p in g["params"]]
-        optimizer.zero_grad(set_to_none=True)
+        zero_grad(optimizer)  # zero_grad and optimizer_step: torch.optim's calls with less Python (jaderl.accel)
         loss.backward(inputs=params)
         if self.grad_hook is not None:
             self.grad_hook(params)
-        if self.config.max_grad_norm > 0:
-            nn.utils.clip_grad_norm_(params, self.config.max_grad_norm, foreach=True)
-        optimizer.step()
+        optimizer_step(optimizer, params, self.config.max_grad_norm)
 
     @staticmethod
     def adam(params: Any, lr: float, **kwargs: Any) -> torch.optim.Adam:

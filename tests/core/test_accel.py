@@ -480,3 +480,117 @@ def test_training_in_bfloat16_runs_and_resumes_in_float32(tmp_path: Path, tiny_p
     resumed = resume(run_dir, total_steps=1024, precision="float32")
     assert resumed.steps == 1024
     assert "precision: float32" in (tmp_path / "run" / "config.yaml").read_text()  # the resumed run's setting
+
+
+def _twin_runs(setup: Any, steps: int = 12) -> tuple[list[torch.Tensor], list[torch.Tensor], int]:
+    """Train two identical copies, one through torch.optim's calls and one through jaderl.accel's; returns both
+    copies' parameters and optimizer state tensors, and how often the second took Adam's own ``step``."""
+    from torch import nn
+
+    results, fallbacks = [], 0
+    for fast in (False, True):
+        torch.manual_seed(0)
+        nets, optimizer, max_norm, change = setup()
+        params = [p for g in optimizer.param_groups for p in g["params"]]
+        calls = {"step": 0}
+        real_step = optimizer.step
+
+        def counted(*args: Any, calls: dict[str, int] = calls, real_step: Any = real_step, **kwargs: Any) -> Any:
+            calls["step"] += 1
+            return real_step(*args, **kwargs)
+
+        optimizer.step = counted
+        x = torch.randn(64, 4, generator=torch.Generator().manual_seed(1))
+        for i in range(steps):
+            change(optimizer, i)
+            loss = sum((net(x) * (k + 1)).square().mean() for k, net in enumerate(nets)) * 50
+            if fast:
+                accel.zero_grad(optimizer)
+                loss.backward(inputs=params)
+                accel.optimizer_step(optimizer, params, max_norm)
+            else:
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward(inputs=params)
+                if max_norm > 0:
+                    nn.utils.clip_grad_norm_(params, max_norm, foreach=True)
+                optimizer.step()
+        state = [t for s in optimizer.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
+        results.append([p.detach().clone() for p in params] + state)
+        fallbacks = calls["step"]
+    return results[0], results[1], fallbacks
+
+
+def _actor_critic(**adam: Any) -> Any:
+    from torch import nn
+
+    def setup() -> tuple[list[nn.Module], torch.optim.Optimizer, float, Any]:
+        actor, critic = mlp([4, 16, 16, 2], nn.Tanh), mlp([4, 16, 16, 1], nn.Tanh)
+        optimizer = Agent.adam(actor.parameters(), lr=1e-2, eps=1e-5, **adam)
+        optimizer.add_param_group({"params": list(critic.parameters()), "lr": 3e-3})
+
+        def change(opt: torch.optim.Optimizer, i: int) -> None:  # a hyperparameter set in flight
+            if i == 6:
+                opt.param_groups[0]["lr"] = 2e-2
+        return [actor, critic], optimizer, 0.5, change
+    return setup
+
+
+@pytest.mark.parametrize("adam", [{}, {"weight_decay": 1e-2, "betas": (0.8, 0.99)}, {"maximize": True}])
+def test_optimizer_steps_compute_what_torch_optim_computes_bit_for_bit(adam: dict[str, Any]) -> None:
+    """Clipping (at a norm the gradients exceed) and fused Adam steps, with two parameter groups of their own learning
+    rates and one changed in flight: every parameter and optimizer state as torch.optim leaves them, to the bit; only
+    the first step (no state yet) goes through Adam's own ``step``."""
+    slow, fast, steps = _twin_runs(_actor_critic(**adam))
+    assert all(torch.equal(a, b) for a, b in zip(slow, fast, strict=True))
+    assert steps == 1
+
+
+def test_optimizer_steps_take_adams_own_step_where_the_fused_kernel_does_not_apply() -> None:
+    """A parameter without a gradient, a non-fused Adam, another optimizer, or a step hook: Adam's (or the
+    optimizer's) own ``step`` every time, with the same results."""
+    from torch import nn
+
+    def unused_parameter() -> Any:
+        nets, optimizer, max_norm, change = _actor_critic()()
+        optimizer.add_param_group({"params": [nn.Parameter(torch.ones(3))]})  # no gradient reaches it: Adam skips it
+        return nets, optimizer, max_norm, change
+
+    def unfused() -> Any:
+        net = mlp([4, 16, 1], nn.Tanh)
+        return [net], torch.optim.Adam(net.parameters(), lr=1e-2, foreach=True), 1.0, lambda o, i: None
+
+    def sgd() -> Any:
+        net = mlp([4, 16, 1], nn.Tanh)
+        return [net], torch.optim.SGD(net.parameters(), lr=1e-2, momentum=0.9), 0.0, lambda o, i: None
+
+    hooked: list[int] = []
+
+    def with_hook() -> Any:
+        nets, optimizer, max_norm, change = _actor_critic()()
+        optimizer.register_step_post_hook(lambda *_: hooked.append(1))
+        return nets, optimizer, max_norm, change
+
+    for setup in (unused_parameter, unfused, sgd, with_hook):
+        slow, fast, steps = _twin_runs(setup)
+        assert all(torch.equal(a, b) for a, b in zip(slow, fast, strict=True)), setup.__name__
+        assert steps == 12, setup.__name__
+    assert len(hooked) == 24  # both copies ran the hook at every step
+
+
+def test_gradient_clipping_of_mixed_dtypes_is_torchs() -> None:
+    """Gradients of two dtypes (a bfloat16 layer beside float32 ones) take torch's own clipping."""
+    from torch import nn
+
+    a, b = nn.Linear(4, 8), nn.Linear(8, 2).to(torch.bfloat16)
+    for layer in (a, b):
+        for p in layer.parameters():
+            p.grad = torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())).to(p.dtype) * 10
+    params = [*a.parameters(), *b.parameters()]
+    copies = [nn.Parameter(p.detach().clone()) for p in params]
+    for p, copy in zip(params, copies, strict=True):
+        copy.grad = p.grad.clone()
+    nn.utils.clip_grad_norm_(copies, 1.0, foreach=True)
+    accel.clip_grad_norm(params, 1.0)
+    assert all(torch.equal(p.grad, copy.grad) for p, copy in zip(params, copies, strict=True))
+    total = torch.linalg.vector_norm(torch.stack([p.grad.float().norm() for p in params]))
+    assert abs(float(total) - 1.0) < 1e-2  # scaled down to the norm asked for
