@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import torch
+from torch import nn
 
 from jaderl import accel
 from jaderl.accel import Tanh, accelerate
@@ -485,9 +486,7 @@ def test_training_in_bfloat16_runs_and_resumes_in_float32(tmp_path: Path, tiny_p
 def _twin_runs(setup: Any, steps: int = 12) -> tuple[list[torch.Tensor], list[torch.Tensor], int]:
     """Train two identical copies, one through torch.optim's calls and one through jaderl.accel's; returns both
     copies' parameters and optimizer state tensors, and how often the second took Adam's own ``step``."""
-    from torch import nn
-
-    results, fallbacks = [], 0
+    results, own_steps = [], 0
     for fast in (False, True):
         torch.manual_seed(0)
         nets, optimizer, max_norm, change = setup()
@@ -516,13 +515,11 @@ def _twin_runs(setup: Any, steps: int = 12) -> tuple[list[torch.Tensor], list[to
                 optimizer.step()
         state = [t for s in optimizer.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
         results.append([p.detach().clone() for p in params] + state)
-        fallbacks = calls["step"]
-    return results[0], results[1], fallbacks
+        own_steps = calls["step"]
+    return results[0], results[1], own_steps
 
 
 def _actor_critic(**adam: Any) -> Any:
-    from torch import nn
-
     def setup() -> tuple[list[nn.Module], torch.optim.Optimizer, float, Any]:
         actor, critic = mlp([4, 16, 16, 2], nn.Tanh), mlp([4, 16, 16, 1], nn.Tanh)
         optimizer = Agent.adam(actor.parameters(), lr=1e-2, eps=1e-5, **adam)
@@ -548,8 +545,6 @@ def test_optimizer_steps_compute_what_torch_optim_computes_bit_for_bit(adam: dic
 def test_optimizer_steps_take_adams_own_step_where_the_fused_kernel_does_not_apply() -> None:
     """A parameter without a gradient, a non-fused Adam, another optimizer, or a step hook: Adam's (or the
     optimizer's) own ``step`` every time, with the same results."""
-    from torch import nn
-
     def unused_parameter() -> Any:
         nets, optimizer, max_norm, change = _actor_critic()()
         optimizer.add_param_group({"params": [nn.Parameter(torch.ones(3))]})  # no gradient reaches it: Adam skips it
@@ -579,8 +574,6 @@ def test_optimizer_steps_take_adams_own_step_where_the_fused_kernel_does_not_app
 
 def test_gradient_clipping_of_mixed_dtypes_is_torchs() -> None:
     """Gradients of two dtypes (a bfloat16 layer beside float32 ones) take torch's own clipping."""
-    from torch import nn
-
     a, b = nn.Linear(4, 8), nn.Linear(8, 2).to(torch.bfloat16)
     for layer in (a, b):
         for p in layer.parameters():
