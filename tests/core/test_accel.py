@@ -372,7 +372,8 @@ def test_the_block_size_is_half_the_l2_cache_or_set_by_the_environment(monkeypat
     try:
         monkeypatch.delenv("JADERL_BLOCK_BYTES", raising=False)
         measured = accel.block_bytes()
-        assert 2**15 <= measured <= 2**26  # half of some L2 cache (512 KiB where sysfs does not say)
+        assert accel.MIN_BLOCK_BYTES == 2**20  # also where sysfs does not say
+        assert accel.MIN_BLOCK_BYTES <= measured <= 2**26  # half of some L2 cache, at least 1 MiB
         for value, expected in (("4096", 4096), ("0", 2**62)):  # 0: never blocked
             accel.block_bytes.cache_clear()
             monkeypatch.setenv("JADERL_BLOCK_BYTES", value)
