@@ -29,29 +29,30 @@ Sections
               reset work of steps where no sub-env finished (``sync_free=False``, their CPU default); an extra row times
               Pendulum with ``sync_free=True``, the GPU's way of stepping. Targets: the torch Pendulum at 4,096 envs >=
               10M env-steps/s on the CPU; >= 200M env-steps/s on a GPU (its best size).
-    ppo       end-to-end PPO training samples/s: env steps collected and learned from per second of wall time, setup
-              and a warm-up iteration excluded, no evaluation or logging. jaderl: PPO on ``--ppo-envs`` sub-envs of
-              its torch ``jaderl/Pendulum-v1`` (on ``--device``), one ``explore`` + ``update`` per iteration. SB3:
-              PPO on Gymnasium's Pendulum-v1 in a DummyVecEnv of the same number of envs (CPU; the envs are
-              Gymnasium's Python envs: that is the comparison the target is about). Both: actor and critic MLPs
-              [64, 64] with tanh, rollouts of ``--ppo-horizon`` steps per env, minibatches of
-              ``--ppo-minibatch``, ``--ppo-epochs`` epochs, gradient clipping at 0.5. Each library runs in its own
-              subprocess with one torch thread, for at least 5 x ``--min-time`` seconds. Target: jaderl >= 10x SB3
-              on the CPU; >= 2M samples/s on a GPU. On the CPU the last rows time the matrix products of an
-              iteration alone (acting, and each minibatch's forward and backward pass of actor and critic, each
-              product into a preallocated output): the ceiling of that arithmetic in PyTorch's float32 kernels, and
-              as ``precision=bfloat16`` splits it (hidden layers in bfloat16, first and output layers in float32).
-              ``--no-sb3`` times jaderl alone (GPU-sized rollouts: SB3's Python envs would take minutes per one).
+    ppo       end-to-end PPO training samples/s: env steps collected and learned from per second of wall time, setup and
+              a warm-up iteration excluded, no evaluation or logging. jaderl: PPO on ``--ppo-envs`` sub-envs of its
+              torch ``jaderl/Pendulum-v1`` (on ``--device``), one ``explore`` + ``update`` per iteration. SB3: PPO on
+              Gymnasium's Pendulum-v1 in a DummyVecEnv of the same number of envs (CPU; the envs are Gymnasium's Python
+              envs: that is the comparison the target is about). Both: actor and critic MLPs [64, 64] with tanh,
+              rollouts of ``--ppo-horizon`` steps per env, minibatches of ``--ppo-minibatch``, ``--ppo-epochs`` epochs,
+              gradient clipping at 0.5. Each library runs in its own subprocess with one torch thread, for at least 5 x
+              ``--min-time`` seconds, once per round of ``--rounds`` (every row in turn, round after round; the table
+              gives the medians). Target: jaderl >= 10x SB3 on the CPU; >= 2M samples/s on a GPU. On the CPU the last
+              rows time the matrix products of an iteration alone (acting, and each minibatch's forward and backward
+              pass of actor and critic, each product into a preallocated output): the ceiling of that arithmetic in
+              PyTorch's float32 kernels, and as ``precision=bfloat16`` splits it (hidden layers in bfloat16, first and
+              output layers in float32). ``--no-sb3`` times jaderl alone (GPU-sized rollouts: SB3's Python envs would
+              take minutes per one).
     sac       SAC gradient updates per second: critics, actor and entropy coefficient, twin critics and actor of
               [256, 256], batch 256, on the observation and action sizes of ``--sac-env`` (HalfCheetah-v5 by
-              default, Pendulum-v1 when MuJoCo is missing), from a replay buffer pre-filled with ``--sac-fill``
-              random transitions; only the update loop is timed (after warm-up updates). jaderl: ``update_once``
-              on uniform batches drawn from its ``ReplayBuffer``, exactly what ``update`` runs per owed gradient
-              step. SB3: ``model.train(gradient_steps=..., batch_size=256)`` on its filled ``ReplayBuffer``. Each in
-              its own subprocess, one torch thread, median of ``--repeats`` timings. Target: jaderl >= 2x SB3. On the
-              CPU the last rows time the update's matrix products alone (target, critics' forward and backward
-              pass, actor's pass through the frozen critics): the ceiling of that arithmetic in PyTorch's float32
-              kernels, and as ``precision=bfloat16`` splits it.
+              default, Pendulum-v1 when MuJoCo is missing), from a replay buffer pre-filled with ``--sac-fill`` random
+              transitions; only the update loop is timed (after warm-up updates). jaderl: ``update_once`` on uniform
+              batches drawn from its ``ReplayBuffer``, exactly what ``update`` runs per owed gradient step. SB3:
+              ``model.train(gradient_steps=..., batch_size=256)`` on its filled ``ReplayBuffer``. Each in its own
+              subprocess, one torch thread, median of ``--repeats`` timings, once per round of ``--rounds`` as in ppo.
+              Target: jaderl >= 2x SB3. On the CPU the last rows time the update's matrix products alone (target,
+              critics' forward and backward pass, actor's pass through the frozen critics): the ceiling of that
+              arithmetic in PyTorch's float32 kernels, and as ``precision=bfloat16`` splits it.
     pipeline  PPO training env-steps/s on ``--env`` (a Gymnasium env stepped in Python) in one process with
               ``--num-envs`` sub-envs against ``jaderl.parallel.pipeline`` with ``--workers`` explorer processes of
               ``--num-envs / --workers`` sub-envs each (same rollout size), training time only, median of
@@ -322,6 +323,33 @@ def _run_worker(task: str, params: dict[str, Any], timeout: float = 1800.0) -> d
     if proc.returncode != 0 or not lines:
         return {"error": f"exit {proc.returncode}: {proc.stderr.strip()[-1500:]}"}
     return json.loads(lines[-1].removeprefix("RESULT "))
+
+
+
+Job = tuple[str, str, str, dict[str, Any]]
+"""A measurement: row name, setup text, worker task, worker parameters."""
+
+
+def _round_robin(jobs: list[Job], rounds: int) -> list[tuple[str, str, dict[str, Any]]]:
+    """Run every job (name, setup, task, params) once per round, in the same order each round, so that all of them
+    see the same machine from minute to minute: rows (name, setup, result) whose ``rate``, ``cpu_rate`` and
+    ``gflops`` are the medians over the rounds and ``rates`` each round's rate (a row that failed in any round keeps
+    that round's error)."""
+    results: dict[str, list[dict[str, Any]]] = {name: [] for name, _, _, _ in jobs}
+    for _ in range(rounds):
+        for name, _, task, params in jobs:
+            results[name].append(_run_worker(task, params))
+    rows = []
+    for name, setup, _, _ in jobs:
+        runs = results[name]
+        failed = [r for r in runs if "error" in r]
+        if failed:
+            rows.append((name, setup, failed[0]))
+            continue
+        merged = {key: statistics.median(r[key] for r in runs) for key in ("rate", "cpu_rate", "gflops")
+                  if key in runs[0]}
+        rows.append((name, setup, {**runs[0], **merged, "rates": [r["rate"] for r in runs]}))
+    return rows
 
 
 def _timed(iteration: Callable[[], Any], device: str, min_time: float,
@@ -610,28 +638,28 @@ def section_ppo(args: argparse.Namespace) -> None:
     common = {"envs": args.ppo_envs, "horizon": args.ppo_horizon, "minibatch": args.ppo_minibatch,
               "epochs": args.ppo_epochs, "warmup": 1, "min_time": 1.0 if args.quick else args.min_time * 5,
               "iterations": 1 if args.quick else 3}
-    rows = []
+    jobs: list[Job] = []
     for name, compile_, precision in _variants(args):
-        rows.append((name, f"PPO, `jaderl/Pendulum-v1` x {args.ppo_envs} (torch, {args.device})",
-                     _run_worker("ppo-jaderl", {**common, "device": args.device, "compile": compile_,
-                                                "precision": precision})))
+        jobs.append((name, f"PPO, `jaderl/Pendulum-v1` x {args.ppo_envs} (torch, {args.device})", "ppo-jaderl",
+                     {**common, "device": args.device, "compile": compile_, "precision": precision}))
     if args.sb3:
-        rows.append(("SB3", f"PPO, Gymnasium `Pendulum-v1` x {args.ppo_envs} (DummyVecEnv, cpu)",
-                     _run_worker("ppo-sb3", common)))
+        jobs.append(("SB3", f"PPO, Gymnasium `Pendulum-v1` x {args.ppo_envs} (DummyVecEnv, cpu)", "ppo-sb3", common))
     if args.device == "cpu":
         for precision in _precisions():
-            rows.append((FLOORS[precision], f"the acting and minibatch matrix products of an iteration, "
-                         f"{FLOOR_SPLIT[precision]}, nothing else",
-                         _run_worker("ppo-floor", {**common, "precision": precision,
-                                                   "min_time": 1.0 if args.quick else args.min_time})))
+            jobs.append((FLOORS[precision], f"the acting and minibatch matrix products of an iteration, "
+                         f"{FLOOR_SPLIT[precision]}, nothing else", "ppo-floor",
+                         {**common, "precision": precision, "min_time": 1.0 if args.quick else args.min_time}))
+    rows = _round_robin(jobs, _rounds(args))
     notes = [f"rollout {args.ppo_horizon} steps x {args.ppo_envs} envs = {args.ppo_horizon * args.ppo_envs:,} "
              f"samples per iteration, minibatch {args.ppo_minibatch}, {args.ppo_epochs} epochs, actor and critic "
-             "[64, 64] tanh; one torch thread per library; setup and one warm-up iteration not timed"]
+             "[64, 64] tanh; one torch thread per library; setup and one warm-up iteration not timed; "
+             f"{_rounds_note(args)}"]
     if load_at_start > LOAD_LIMIT:
         notes.append(f"measured under load (1-min load average {load_at_start:.2f} > {LOAD_LIMIT} at start)")
     _header("ppo: end-to-end training samples/s (collect + learn)", notes, load_at_start)
     rates = _ratio_table(rows, "samples/s", "jaderl")
     _print_targets(rates, 10)
+    _print_rounds(rows)
     _print_floor(rows, rates, "samples/s", 10)
     if args.device != "cpu" and "jaderl" in rates:
         print(f"jaderl on {args.device}: {_si(rates['jaderl'])} samples/s (target >= 2M on a GPU): "
@@ -650,24 +678,25 @@ def section_sac(args: argparse.Namespace) -> None:
     common = {"env": env_id, "fill": fill, "warmup": 10 if args.quick else 50,
               "updates": 50 if args.quick else args.sac_updates, "repeats": min(args.repeats, 3) if args.quick
               else args.repeats}
-    rows = []
+    jobs: list[Job] = []
     for name, compile_, precision in _variants(args):
-        rows.append((name, f"SAC, {args.device}", _run_worker("sac-jaderl", {**common, "device": args.device,
-                                                                             "compile": compile_,
-                                                                             "precision": precision})))
-    rows.append(("SB3", "SAC, cpu", _run_worker("sac-sb3", common)))
+        jobs.append((name, f"SAC, {args.device}", "sac-jaderl",
+                     {**common, "device": args.device, "compile": compile_, "precision": precision}))
+    jobs.append(("SB3", "SAC, cpu", "sac-sb3", common))
     if args.device == "cpu":
         for precision in _precisions():
-            rows.append((FLOORS[precision], f"the matrix products of an update, {FLOOR_SPLIT[precision]}, "
-                         "nothing else", _run_worker("sac-floor", {**common, "precision": precision})))
+            jobs.append((FLOORS[precision], f"the matrix products of an update, {FLOOR_SPLIT[precision]}, "
+                         "nothing else", "sac-floor", {**common, "precision": precision}))
+    rows = _round_robin(jobs, _rounds(args))
     notes.append(f"{env_id} sizes (obs {obs_dim}, action {act_dim}); actor and twin critics [256, 256], batch 256, "
                  f"buffer of {fill:,} random transitions; {common['updates']} updates per timing, median of "
-                 f"{common['repeats']}; one torch thread per library")
+                 f"{common['repeats']}; one torch thread per library; {_rounds_note(args)}")
     if load_at_start > LOAD_LIMIT:
         notes.append(f"measured under load (1-min load average {load_at_start:.2f} > {LOAD_LIMIT} at start)")
     _header("sac: gradient updates/s (critics + actor + alpha)", notes, load_at_start)
     rates = _ratio_table(rows, "updates/s", "jaderl")
     _print_targets(rates, 2)
+    _print_rounds(rows)
     _print_floor(rows, rates, "updates/s", 2)
     print(f"load average (1 min) at end: {_load():.2f}")
 
@@ -693,6 +722,25 @@ def _variants(args: argparse.Namespace) -> list[tuple[str, bool, str]]:
     mixed = [(BF16, False, "bfloat16")] if args.device != "cpu" or "bfloat16" in _precisions() else []
     return [("jaderl", False, "float32"), *compiled, *mixed]
 
+
+
+def _rounds(args: argparse.Namespace) -> int:
+    return 1 if args.quick else args.rounds
+
+
+def _rounds_note(args: argparse.Namespace) -> str:
+    rounds = _rounds(args)
+    return ("one round" if rounds == 1 else
+            f"{rounds} rounds, every row once per round in the same order, each rate the median of its rounds")
+
+
+def _print_rounds(rows: list[tuple[str, str, dict[str, Any]]]) -> None:
+    """jaderl / SB3 in each round (the two measured minutes apart at most), when there was more than one round."""
+    found = {name: result.get("rates", []) for name, _, result in rows}
+    jaderl, sb3 = found.get("jaderl", []), found.get("SB3", [])
+    if len(jaderl) > 1 and len(sb3) == len(jaderl):
+        ratios = ", ".join(f"{a / b:.2f}x" for a, b in zip(jaderl, sb3, strict=True))
+        print(f"jaderl / SB3 in each round: {ratios}")
 
 def _print_targets(rates: dict[str, float], target: float) -> None:
     """jaderl / SB3 against ``target``: float32 against float32, and mixed precision against SB3's float32 (SB3 has
@@ -781,6 +829,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=2000, help="subproc: batched steps per timing")
     parser.add_argument("--warmup", type=int, default=200, help="subproc: untimed batched steps first")
     parser.add_argument("--repeats", type=int, default=3, help="timings per variant (median reported)")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="ppo, sac: times every row runs, round-robin (median reported; 1 with --quick)")
     parser.add_argument("--min-time", type=float, default=1.0,
                         help="torch-envs: seconds per timing; ppo: 5x this per library")
     parser.add_argument("--ppo-envs", type=int, default=256, help="ppo: sub-envs (both libraries)")
