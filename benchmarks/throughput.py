@@ -325,7 +325,6 @@ def _run_worker(task: str, params: dict[str, Any], timeout: float = 1800.0) -> d
     return json.loads(lines[-1].removeprefix("RESULT "))
 
 
-
 Job = tuple[str, str, str, dict[str, Any]]
 """A measurement: row name, setup text, worker task, worker parameters."""
 
@@ -723,12 +722,13 @@ def _variants(args: argparse.Namespace) -> list[tuple[str, bool, str]]:
     return [("jaderl", False, "float32"), *compiled, *mixed]
 
 
-
 def _rounds(args: argparse.Namespace) -> int:
+    """How many rounds the ppo and sac sections run (one with ``--quick``)."""
     return 1 if args.quick else args.rounds
 
 
 def _rounds_note(args: argparse.Namespace) -> str:
+    """The table notes' words for the rounds."""
     rounds = _rounds(args)
     return ("one round" if rounds == 1 else
             f"{rounds} rounds, every row once per round in the same order, each rate the median of its rounds")
@@ -741,6 +741,7 @@ def _print_rounds(rows: list[tuple[str, str, dict[str, Any]]]) -> None:
     if len(jaderl) > 1 and len(sb3) == len(jaderl):
         ratios = ", ".join(f"{a / b:.2f}x" for a, b in zip(jaderl, sb3, strict=True))
         print(f"jaderl / SB3 in each round: {ratios}")
+
 
 def _print_targets(rates: dict[str, float], target: float) -> None:
     """jaderl / SB3 against ``target``: float32 against float32, and mixed precision against SB3's float32 (SB3 has
