@@ -180,9 +180,9 @@ def _check_range(field: dataclasses.Field, value: Any) -> None:
     low, high, open_low = field.metadata.get("low"), field.metadata.get("high"), field.metadata.get("open_low")
     if value is None or isinstance(value, (str, list, bool)):
         return
+    shown = f"{value:.3g}" if isinstance(value, int) and abs(value) >= 10**20 else value  # 1e99: not 100 digits
     if (low is not None and (value <= low if open_low else value < low)) or (high is not None and value > high):
         lo, hi = "" if low is None else (f"> {low}" if open_low else f">= {low}"), "" if high is None else f"<= {high}"
-        raise ConfigError(f"{field.name}={value} is out of range: it must be {' and '.join(filter(None, [lo, hi]))}")
-    if isinstance(value, int) and abs(value) >= 2**63:  # torch's and NumPy's integers are 64-bit (1e99: not 100 digits)
-        shown = value if abs(value) < 10**20 else f"{value:.3g}"
+        raise ConfigError(f"{field.name}={shown} is out of range: it must be {' and '.join(filter(None, [lo, hi]))}")
+    if isinstance(value, int) and abs(value) >= 2**63:  # torch's and NumPy's integers are 64-bit
         raise ConfigError(f"{field.name}={shown} is invalid: expected an int below 2**63 in size (a 64-bit integer)")

@@ -104,6 +104,7 @@ def test_integers_too_large_for_int64_name_the_field() -> None:
                             ({"total_steps": 2**63}, r"^total_steps=9223372036854775808 is invalid: expected an int "),
                             ({"total_steps": 1e30}, r"^total_steps=1e\+30 is invalid: expected an int "),
                             ({"total_steps": 1e99}, r"^total_steps=1e\+99 is invalid: expected an int "),
+                            ({"horizon": 1e99}, r"^horizon=1e\+99 is out of range: it must be >= 1 and <= 100000$"),
                             ({"hidden": [64, big]}, r"^hidden=\[64, 1000+\] is invalid: expected a list of integers, "
                                                     r"each below 2\*\*63 in size$")):
         with pytest.raises(ConfigError, match=match):
