@@ -51,7 +51,7 @@ CASES: dict[str, tuple[str, str, float, dict[str, Any]]] = {
 }
 
 
-SECONDS = {"noisy_dqn-cartpole": 70, "modsac-pendulum": 65, "td3-pendulum": 40, "sac-pendulum": 35,
+SECONDS = {"modsac-pendulum": 65, "noisy_dqn-cartpole": 50, "td3-pendulum": 40, "sac-pendulum": 35,
            "a2c-pendulum": 35, "redq-pendulum": 35, "sac-bfloat16-pendulum": 35, "sac-gsde-pendulum": 35,
            "vpg-pendulum": 30, "dqn-cartpole": 30, "dqn-per-3step-cartpole": 30, "d3qn-cartpole": 30,
            "dueling_dqn-cartpole": 30, "ppo-gsde-config-pendulum": 30, "double_dqn-cartpole": 25,

@@ -13,7 +13,9 @@ import torch
 from jaderl.envs import EnvError, make_env
 from jaderl.envs.brax import JaxVecEnv
 
-pytest.importorskip("mujoco_playground")
+# found without importing it: JAX takes seconds to import, paid only by the test process that runs these tests
+if importlib.util.find_spec("mujoco_playground") is None:
+    pytest.skip("needs mujoco_playground", allow_module_level=True)
 
 
 @pytest.fixture(scope="module")
