@@ -33,11 +33,15 @@ tune
     period (one Tune iteration), budget (``--generations`` iterations), search space, quantile, resample probability
     (0.25) and perturbation factors (0.8, 1.2). Tune runs its default asynchronous PBT (``--tune-synch`` for its
     synchronous one) with ``reuse_actors=True`` and keeps every checkpoint. Reported: wall time of ``pbt(...)`` and
-    of ``Tuner.fit()`` (the Ray start excluded), the exploits, and the time spent per exploit. jaderl: the wall time
+    of ``Tuner.fit()`` (the Ray start excluded), the env steps each side trained (jaderl: from population.csv, each
+    member's steps in each period; Tune: the trainables' steps in every iteration, counted inside the actors: an
+    asynchronous exploit copies a trial that may be iterations ahead, so Tune's side can train fewer env steps than
+    jaderl's), the exploits, and the time spent per exploit. jaderl: the wall time
     of its exploit steps (the driver waits on them; each generation's copies run side by side) over the copies made.
     Tune: the time its trainables spent in ``save``, ``restore`` and ``reset_config`` (timed inside the actors) over
     the exploits ``PopulationBasedTraining`` made; what Tune's controller spends pausing and restarting trials is in
-    its wall time only. Target: the median over the repeats of jaderl's wall time over Tune's <= 0.7x.
+    its wall time only. Target: the median over the repeats of jaderl's wall time over Tune's <= 0.7x; the same
+    ratio per env step trained is reported beside it.
 throughput
     For each member count in ``--throughput-members``: first the same members trained independently, as that many
     plain processes side by side (``multiprocessing`` spawn, each ``jaderl.train`` with the member's settings),
@@ -131,7 +135,15 @@ def run_pbt(args: argparse.Namespace, seed: int, run_dir: Path, space: str, memb
     wall = time.perf_counter() - start
     with open(run_dir / "population.csv", newline="") as f:
         rows = list(csv.DictReader(f))
-    return {"wall_s": wall, "clock": clock, "rows": rows, "best": result.best_score, "exploits": exploits}
+    return {"wall_s": wall, "clock": clock, "rows": rows, "best": result.best_score, "exploits": exploits,
+            "steps": trained_steps(rows)}
+
+
+def trained_steps(rows: list[dict[str, str]]) -> int:
+    """The env steps a population trained, from population.csv: each row's member count at its generation's end less
+    what it started that generation with (its parent's count at the end of the generation before; 0 at first)."""
+    end = {(int(r["generation"]), int(r["member"])): int(r["steps"]) for r in rows}
+    return sum(int(r["steps"]) - end.get((int(r["generation"]) - 1, int(r["parent"])), 0) for r in rows)
 
 
 def run_members(ray: Any, seed: int, run_dir: Path, space: Space, members: int, period: int,
@@ -247,12 +259,13 @@ def section_search(args: argparse.Namespace, res: dict[str, Any]) -> list[str]:
 
 def timed_trainable(log_path: str, base_seed: int) -> Any:
     """``JaderlTrainable`` with member seeds (``member`` in the trial's config: seed = base_seed + member, kept by a
-    copy, as in jaderl's PBT) and the time it spends in save, restore and reset_config appended to ``log_path``."""
+    copy, as in jaderl's PBT), and the time it spends in save, restore and reset_config and the env steps each
+    iteration trains appended to ``log_path``."""
     from jaderl.population.tune import JaderlTrainable
 
-    def log(event: str, seconds: float) -> None:
+    def log(event: str, seconds: float, steps: int = 0) -> None:
         with open(log_path, "a") as f:
-            f.write(json.dumps({"event": event, "s": seconds}) + "\n")
+            f.write(json.dumps({"event": event, "s": seconds, "steps": steps}) + "\n")
 
     class TimedTrainable(JaderlTrainable):  # type: ignore[misc]
         def setup(self, config: dict[str, Any]) -> None:
@@ -260,6 +273,12 @@ def timed_trainable(log_path: str, base_seed: int) -> Any:
             if "member" in config:  # (a Trainer rebuilt by reset_config, for another trial, keeps the actor's)
                 self.member = int(config.pop("member"))
             super().setup({**config, "seed": base_seed + self.member})
+
+        def step(self) -> dict[str, Any]:
+            before, start = self.trainer.agent.steps, time.perf_counter()
+            out = super().step()
+            log("step", time.perf_counter() - start, self.trainer.agent.steps - before)
+            return out
 
         def reset_config(self, new_config: dict[str, Any]) -> bool:
             start = time.perf_counter()
@@ -334,7 +353,8 @@ def run_tune(args: argparse.Namespace, seed: int, tmp: Path) -> dict[str, Any]:
     counts = {e: sum(1 for x in events if x["event"] == e) for e in work}
     finals = [(r.metrics or {}).get("eval_return", -math.inf) for r in grid]
     exploits = sum(1 for x in events if x["event"] == "exploit")
-    return {"wall_s": wall, "exploits": exploits, "work": work, "counts": counts,
+    steps = sum(x["steps"] for x in events if x["event"] == "step")
+    return {"wall_s": wall, "exploits": exploits, "work": work, "counts": counts, "steps": steps,
             "best": max(finals), "failed": len(grid.errors)}
 
 
@@ -352,8 +372,11 @@ def part_tune(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             j["copies"] = copies
             j["per_exploit"] = sum(s for s, _ in j["exploits"]) / copies if copies else math.nan
             t["per_exploit"] = sum(t["work"].values()) / t["exploits"] if t["exploits"] else math.nan
-            runs.append({"jaderl": j, "tune": t, "ratio": j["wall_s"] / t["wall_s"]})
-    return {"seed": seed, "runs": runs, "ratio": statistics.median(r["ratio"] for r in runs)}
+            per_step = math.nan if not (j["steps"] and t["steps"]) else \
+                (j["wall_s"] / j["steps"]) / (t["wall_s"] / t["steps"])
+            runs.append({"jaderl": j, "tune": t, "ratio": j["wall_s"] / t["wall_s"], "per_step": per_step})
+    return {"seed": seed, "runs": runs, "ratio": statistics.median(r["ratio"] for r in runs),
+            "per_step": statistics.median(r["per_step"] for r in runs)}
 
 
 def section_tune(args: argparse.Namespace, res: dict[str, Any]) -> list[str]:
@@ -364,10 +387,11 @@ def section_tune(args: argparse.Namespace, res: dict[str, Any]) -> list[str]:
     rows, notes = [], []
     for i, run in enumerate(res["runs"], 1):
         j, t = run["jaderl"], run["tune"]
-        rows += [f"| {i} | jaderl `pbt` | {j['wall_s']:.1f} | {j['copies']} | {j['per_exploit']:.3f} | {j['best']:.1f} "
-                 "| |",
-                 f"| {i} | Ray Tune `PopulationBasedTraining` | {t['wall_s']:.1f} | {t['exploits']} | "
-                 f"{t['per_exploit']:.3f} | {t['best']:.1f} | {run['ratio']:.2f}x |"]
+        rows += [f"| {i} | jaderl `pbt` | {j['wall_s']:.1f} | {j['steps']:,} | {j['steps'] / j['wall_s']:,.0f} | "
+                 f"{j['copies']} | {j['per_exploit']:.3f} | {j['best']:.1f} | |",
+                 f"| {i} | Ray Tune `PopulationBasedTraining` | {t['wall_s']:.1f} | {t['steps']:,} | "
+                 f"{t['steps'] / t['wall_s']:,.0f} | {t['exploits']} | {t['per_exploit']:.3f} | {t['best']:.1f} | "
+                 f"{run['ratio']:.2f}x |"]
         work = ", ".join(f"{t['counts'][e]} x {e} {t['work'][e]:.2f} s" for e in t["work"])
         notes.append(f"Run {i}: jaderl {len(j['exploits'])} exploit steps, {sum(s for s, _ in j['exploits']):.2f} s "
                      f"in all; Tune's trainables {work}."
@@ -382,9 +406,11 @@ def section_tune(args: argparse.Namespace, res: dict[str, Any]) -> list[str]:
         f"{len(res['runs'])} run(s) each, alternating on the same warm Ray, jaderl first; wall times exclude the Ray "
         "start. jaderl's copies of a generation run side by side (the driver waits on them); Tune's controller's "
         "pausing and restarting of trials is only in its wall time.", "",
-        "| run | | wall time (s) | exploits | time per exploit (s) | best final score | jaderl / Tune |",
-        "|---:|---|---:|---:|---:|---:|---:|", *rows, "", " ".join(notes), "",
-        f"jaderl / Tune wall time, median of {len(res['runs'])}: {res['ratio']:.2f}x (target <= 0.7x: {verdict}).",
+        "| run | | wall time (s) | env steps trained | env steps / wall s | exploits | time per exploit (s) "
+        "| best final score | jaderl / Tune (wall) |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|", *rows, "", " ".join(notes), "",
+        f"jaderl / Tune wall time, median of {len(res['runs'])}: {res['ratio']:.2f}x (target <= 0.7x: {verdict}). "
+        f"Per env step trained (each side's wall time over its env steps), median: {res['per_step']:.2f}x.",
     ]
 
 
