@@ -21,7 +21,8 @@ Sections
               batched steps; the table gives the median. Targets: SubprocVecEnv >= 3x Async and
               >= 0.9x envpool.
     torch-envs
-              env-steps/s of every torch-native env in ``jaderl.envs.TORCH_ENVS`` but the stock-trading one, at 1, 16,
+              env-steps/s of every single-agent torch-native env in ``jaderl.envs.TORCH_ENVS`` (the stock-trading
+              one when ``vega_datasets``, which holds its prices, is installed), at 1, 16,
               256, 4,096 and 65,536 sub-envs on the CPU (one thread), at 1, 256, 4,096, 65,536, 262,144 and 1,048,576 on
               a GPU (``--quick``: 1, 256, 4,096), on ``--device``. Random actions are drawn on the device before timing
               (a pool of 16 batches, cycled); only ``step`` is timed, in a loop after a warm-up, long enough to last
@@ -69,6 +70,7 @@ Sections
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import itertools
 import json
 import os
@@ -205,7 +207,7 @@ def section_subproc(args: argparse.Namespace) -> None:
 ENV_SIZES = (1, 16, 256, 4096, 65536)
 GPU_ENV_SIZES = (1, 256, 4096, 65536, 262144, 1048576)  # a GPU's best size is far above a CPU's
 QUICK_ENV_SIZES = (1, 256, 4096)
-SKIPPED_ENVS = ("StockTrading", "simple_spread", "simple_tag")  # the multi-agent ones: benchmarks/marl_envs.py
+SKIPPED_ENVS = ("simple_spread", "simple_tag")  # the multi-agent ones: benchmarks/marl_envs.py
 
 
 def _sync(device: Any) -> None:
@@ -265,8 +267,10 @@ def section_torch_envs(args: argparse.Namespace) -> None:
     sizes = QUICK_ENV_SIZES if args.quick else ENV_SIZES if device == "cpu" else GPU_ENV_SIZES
     min_time = 0.1 if args.quick else args.min_time
     repeats = min(args.repeats, 3) if args.quick else args.repeats
-    envs = {name: cls for name, cls in TORCH_ENVS.items() if not any(s in name for s in SKIPPED_ENVS)}
-    notes = [f"skipped: {name}" for name in TORCH_ENVS if name not in envs]
+    envs = {name: cls for name, cls in TORCH_ENVS.items() if not any(s in name for s in SKIPPED_ENVS)
+            and ("StockTrading" not in name or importlib.util.find_spec("vega_datasets") is not None)}
+    notes = [f"skipped: {name}" + (" (its prices need vega_datasets: pip install 'jaderl[stock]')"
+                                   if "StockTrading" in name else "") for name in TORCH_ENVS if name not in envs]
     rates = {name: {n: _time_env(cls, n, device, min_time, repeats) for n in sizes} for name, cls in envs.items()}
     if device == "cpu":  # the GPU's step (masked resets every step, no host read) measured on the CPU, for reference
         rates["jaderl/Pendulum-v1, sync_free=True"] = {
