@@ -171,8 +171,8 @@ class SAC(WithHTerm, SDEExploration, OffPolicyAgent):
     def td_target(self, batch: dict[str, torch.Tensor], alpha: torch.Tensor) -> torch.Tensor:
         """The soft Bellman target y (B,) of step 1 in the module docstring."""
         cfg = self.config
-        next_obs = self.features(batch["next_obs"])
-        next_action, next_log_prob = self.actor.sample(next_obs)
+        next_obs = self.features(batch["next_obs"])  # images: the online encoder's features, as in DrQ-v2 (the
+        next_action, next_log_prob = self.actor.sample(next_obs)  # target critics are heads on those features)
         members = None  # REDQ: only the random subset of target critics is evaluated
         if 0 < cfg.num_target_critics < cfg.num_critics:
             members = torch.randperm(cfg.num_critics, device=self.device)[:cfg.num_target_critics]

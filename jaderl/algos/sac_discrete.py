@@ -75,7 +75,7 @@ class DiscreteSAC(OffPolicyAgent):
     @torch.no_grad()
     def td_target(self, batch: dict[str, torch.Tensor], alpha: torch.Tensor) -> torch.Tensor:
         """The soft Bellman target y (B,) of step 1 in the module docstring."""
-        next_obs = self.features(batch["next_obs"])
+        next_obs = self.features(batch["next_obs"])  # images: the online encoder's, as in DrQ-v2 (see SAC)
         log_p = F.log_softmax(self.actor.net(next_obs), -1)  # (B, A)
         next_q = self.critic_target(next_obs).min(0).values  # (B, A)
         soft_value = (log_p.exp() * (next_q - alpha * log_p)).sum(-1)

@@ -178,7 +178,7 @@ class TD3(WithHTerm, OffPolicyAgent):
         """y = r + discount (1 - terminated) min_i Q_target_i(s', a') for a batch (B, ...): (B,).
 
         ``discount`` is gamma, or gamma^k for an n-step transition whose ``reward`` sums k discounted rewards."""
-        next_obs = self.features(batch["next_obs"])
+        next_obs = self.features(batch["next_obs"])  # images: the online encoder's, as in DrQ-v2 (see SAC)
         next_q = self.critic_target(next_obs, self.target_action(next_obs)).min(0).values
         return batch["reward"] + batch["discount"] * (~batch["terminated"]) * next_q
 
