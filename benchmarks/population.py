@@ -35,8 +35,9 @@ tune
     synchronous one) with ``reuse_actors=True`` and keeps every checkpoint. Reported: wall time of ``pbt(...)`` and
     of ``Tuner.fit()`` (the Ray start excluded), the env steps each side trained (jaderl: from population.csv, each
     member's steps in each period; Tune: the trainables' steps in every iteration, counted inside the actors: an
-    asynchronous exploit copies a trial that may be iterations ahead, so Tune's side can train fewer env steps than
-    jaderl's), the exploits, and the time spent per exploit. jaderl: the wall time
+    asynchronous exploit restores the checkpoint another trial saved when it last ranked high, which can be from an
+    earlier iteration than the exploiting trial's, or a later one, so Tune's side can train more env steps than
+    jaderl's, or fewer), the exploits, and the time spent per exploit. jaderl: the wall time
     of its exploit steps (the driver waits on them; each generation's copies run side by side) over the copies made.
     Tune: the time its trainables spent in ``save``, ``restore`` and ``reset_config`` (timed inside the actors) over
     the exploits ``PopulationBasedTraining`` made; what Tune's controller spends pausing and restarting trials is in
