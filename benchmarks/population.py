@@ -56,6 +56,12 @@ throughput
     independent processes' (processes started to all finished), minus 1. ``--throughput-repeats`` (3) alternating
     repeats of both, medians reported (a shared virtual machine's speed drifts by tens of percent within minutes).
     Targets: >= 0.8x linear up to the cores available; overhead <= 5 %.
+tournament (not in the default ``--parts``)
+    A tournament (``tournament``, ``--tournament-rounds`` rounds of ``--tournament-period`` env steps, a pool of
+    ``--tournament-pool`` members, the search part's settings) as it runs, where the process of a member whose
+    period ended becomes the next member, against the same tournament with a new process for every member (each
+    finished member's process killed instead of kept), alternating, ``--tournament-repeats`` times on one warm Ray.
+    Reported: wall times, their ratio, and whether both gave every round the same score (tournament.csv). No target.
 
 ``--write`` records the tables in the ``## population`` section of benchmarks/RESULTS.md (other sections kept).
 """
@@ -508,6 +514,77 @@ def section_throughput(args: argparse.Namespace, res: dict[str, Any]) -> list[st
     ]
 
 
+# ------------------------------------------------------------------------------------------------------ tournament
+
+
+class _KillOnAppend(list):  # type: ignore[type-arg]
+    """A tournament's list of idle member processes that keeps none: each one is killed instead."""
+
+    def __init__(self, ray: Any) -> None:
+        super().__init__()
+        self.ray = ray
+
+    def append(self, actor: Any) -> None:
+        self.ray.kill(actor, no_restart=True)
+
+
+def run_tournament(args: argparse.Namespace, seed: int, run_dir: Path, reuse: bool) -> dict[str, Any]:
+    """One tournament on the Ray this process holds; ``reuse=False`` starts a new process for every member."""
+    import importlib
+
+    import ray
+
+    module = importlib.import_module("jaderl.population.tournament")  # (the package's `tournament` is the function)
+    original = module._Tournament
+
+    class NewProcessEach(original):  # type: ignore[misc,valid-type]
+        def __init__(self, *a: Any, **k: Any) -> None:
+            super().__init__(*a, **k)
+            self.idle = _KillOnAppend(ray)
+
+    if not reuse:
+        module._Tournament = NewProcessEach
+    try:
+        start = time.perf_counter()
+        result = module.tournament(ALGO, ENV, pool=args.tournament_pool, period=args.tournament_period,
+                                   rounds=args.tournament_rounds, seed=seed, run_dir=str(run_dir), **SETTINGS)
+        wall = time.perf_counter() - start
+    finally:
+        module._Tournament = original
+    with open(run_dir / module.CSV_NAME, newline="") as f:
+        scores = {int(r["round"]): r["score"] for r in csv.DictReader(f)}
+    return {"wall_s": wall, "best": result.best_score, "scores": scores}
+
+
+def part_tournament(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+    seed, runs = args.seeds[0], []
+    with connected(None, args.cpus):
+        for i in range(args.tournament_repeats):  # kept processes first, then new ones, on the same warm Ray
+            kept = run_tournament(args, seed, tmp / f"kept-{i}", reuse=True)
+            new = run_tournament(args, seed, tmp / f"new-{i}", reuse=False)
+            print(f"tournament part, run {i + 1}: {kept['wall_s']:.1f} s kept, {new['wall_s']:.1f} s new", flush=True)
+            runs.append({"kept": kept, "new": new, "ratio": kept["wall_s"] / new["wall_s"],
+                         "same": kept["scores"] == new["scores"]})
+    return {"seed": seed, "runs": runs, "ratio": statistics.median(r["ratio"] for r in runs)}
+
+
+def section_tournament(args: argparse.Namespace, res: dict[str, Any]) -> list[str]:
+    rows = [f"| {i} | {r['kept']['wall_s']:.1f} | {r['new']['wall_s']:.1f} | {r['ratio']:.2f}x | "
+            f"{'yes' if r['same'] else 'no'} | {r['kept']['best']:.1f} |" for i, r in enumerate(res["runs"], 1)]
+    return [
+        "### A tournament's members in kept processes against a new process each", "",
+        f"PPO on `{ENV}` with the search part's settings, seed {res['seed']}: {args.tournament_rounds} rounds of "
+        f"{args.tournament_period:,} env steps, a pool of {args.tournament_pool} members at "
+        f"{min(1.0, args.cpus / args.tournament_pool):g} CPU each. *Kept*: as `tournament` runs, the process of a "
+        "member whose period ended becomes the next member; *new*: every finished member's process is killed and "
+        "the next member starts in a new one (importing torch and jaderl). Alternating on one warm Ray, wall times "
+        "exclude its start.", "",
+        "| run | kept processes (s) | a new process each (s) | kept / new | same score every round | best score |",
+        "|---:|---:|---:|---:|---|---:|", *rows, "",
+        f"Kept / new wall time, median of {len(res['runs'])}: {res['ratio']:.2f}x.",
+    ]
+
+
 # ------------------------------------------------------------------------------------------------------------ main
 
 
@@ -527,6 +604,10 @@ def main() -> None:
     parser.add_argument("--throughput-generations", type=int, default=4)
     parser.add_argument("--throughput-repeats", type=int, default=3, help="throughput part: alternating repeats, "
                                                                               "medians reported")
+    parser.add_argument("--tournament-pool", type=int, default=2)
+    parser.add_argument("--tournament-period", type=int, default=32_768)
+    parser.add_argument("--tournament-rounds", type=int, default=8)
+    parser.add_argument("--tournament-repeats", type=int, default=2)
     parser.add_argument("--cpus", type=int, default=cores(), help="CPUs of the local Ray (default: this machine's)")
     parser.add_argument("--quick", action="store_true", help="smoke check: tiny budgets, 1 seed, writes nothing")
     parser.add_argument("--write", action="store_true", help="record the tables in benchmarks/RESULTS.md")
@@ -535,6 +616,7 @@ def main() -> None:
         args.seeds, args.period, args.generations, args.tune_repeats = "0", 2048, 3, 1
         args.throughput_members, args.throughput_period, args.throughput_generations = "1,2", 4096, 2
         args.throughput_repeats = 1
+        args.tournament_period, args.tournament_rounds, args.tournament_repeats = 4096, 3, 1
         args.write = False
     args.seeds = [int(s) for s in args.seeds.split(",") if s]
     args.throughput_members = [int(n) for n in args.throughput_members.split(",") if n]
@@ -546,7 +628,8 @@ def main() -> None:
     body: list[str] = []
     with tempfile.TemporaryDirectory() as tmp:
         for part, run, write in (("search", part_search, section_search), ("tune", part_tune, section_tune),
-                                 ("throughput", part_throughput, section_throughput)):
+                                 ("throughput", part_throughput, section_throughput),
+                                 ("tournament", part_tournament, section_tournament)):
             if part in parts:
                 (Path(tmp) / part).mkdir()
                 body += [*write(args, run(args, Path(tmp) / part)), ""]
