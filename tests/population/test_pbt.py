@@ -1090,9 +1090,10 @@ def test_tune_pbt_exploit_carries_the_parents_best_policy(tmp_path: Path, monkey
         child.stop()
 
 
-def test_tune_trainable_under_asha(local_ray: None, tmp_path: Path) -> None:
+def test_tune_trainable_under_asha(local_ray: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The docs' example, tiny: two trials of PPO under Tune's ASHA; checkpoints are jaderl's own safetensors + JSON,
     which jaderl.load reads, and a restored trainable continues from the saved step."""
+    import ray.tune.trainable.trainable as trainable_module
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler
 
@@ -1113,6 +1114,7 @@ def test_tune_trainable_under_asha(local_ray: None, tmp_path: Path) -> None:
         assert sorted(p.suffix for p in Path(ckpt).iterdir()) == [".json", ".safetensors"]
         agent = api.load(ckpt, best=False)
         assert agent.steps == best.metrics["env_steps"] and agent.config.lr == pytest.approx(best.config["lr"])
+        monkeypatch.setattr(trainable_module, "DEFAULT_STORAGE_PATH", str(tmp_path))  # not ~/ray_results
         trainable = JaderlTrainable(config={**best.config, "period": 128})
         try:
             trainable.restore(ckpt)
