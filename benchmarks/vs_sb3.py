@@ -182,7 +182,7 @@ TASKS: dict[str, Task] = {
         eval_every=2_000, steps=100_000, time_cap=600.0, quick_steps=50_000, quick_time_cap=120.0,
         jaderl_algo="dqn", jaderl_env="jaderl/CartPole-v1",
         jaderl_fields=("hidden", "lr", "gamma", "batch_size", "buffer_size", "warmup_steps", "updates_per_step",
-                       "target_update_every", "epsilon_decay_steps", "epsilon_end", "n_step", "use_per"),
+                       "target_update_every", "tau", "epsilon_decay_steps", "epsilon_end", "n_step", "use_per"),
         sb3_algo="DQN", sb3_env="CartPole-v1",
         sb3_settings=zoo_text(ZOO_CARTPOLE_DQN) + " (exploration_fraction rescaled to the step budget so that "
         "epsilon decays over 8,000 env steps, as in the zoo)",

@@ -445,6 +445,8 @@ class _BoltsModule(JaderlModule):
     PRESET: ClassVar[dict[str, Any]] = {}
     """Settings that make this variant (below the user's own)."""
     BOLTS_KEYWORDS: ClassVar[dict[str, str]] = {"learning_rate": "lr", "gamma": "gamma", "seed": "seed"}
+    IMPLIED: ClassVar[dict[str, dict[str, Any]]] = {}
+    """Bolts keywords that carry more of Bolts' meaning: the jaderl settings each implies unless given."""
 
     def __init__(self, env: str, **settings: Any) -> None:
         translated: dict[str, Any] = {}
@@ -457,6 +459,9 @@ class _BoltsModule(JaderlModule):
                                   "same value or pass only one")
             translated[name] = value
             given_as.setdefault(name, key)
+        for key, implied in self.IMPLIED.items():
+            if key in settings:
+                translated = {**implied, **translated}
         super().__init__(self.algo_for(_env_id(env)), _env_id(env), **{**self.PRESET, **translated})
 
     @classmethod
@@ -470,6 +475,7 @@ _DQN_KEYWORDS = {**_BoltsModule.BOLTS_KEYWORDS, "eps_start": "epsilon_start", "e
                  "eps_last_frame": "epsilon_decay_steps", "sync_rate": "target_update_every",
                  "batch_size": "batch_size", "replay_size": "buffer_size", "warm_start_size": "warmup_steps",
                  "n_steps": "n_step"}
+_DQN_IMPLIED = {"sync_rate": {"tau": 1.0}}  # Bolts copies the network every sync_rate steps; jaderl may average
 _PG_KEYWORDS = {**_BoltsModule.BOLTS_KEYWORDS, "lr": "lr", "entropy_beta": "ent_coef", "critic_beta": "vf_coef"}
 
 
@@ -478,6 +484,7 @@ class DQN(_BoltsModule):
 
     ALGO = "dqn"
     BOLTS_KEYWORDS = _DQN_KEYWORDS
+    IMPLIED = _DQN_IMPLIED
 
 
 class DoubleDQN(_BoltsModule):
@@ -485,6 +492,7 @@ class DoubleDQN(_BoltsModule):
 
     ALGO = "double_dqn"
     BOLTS_KEYWORDS = _DQN_KEYWORDS
+    IMPLIED = _DQN_IMPLIED
 
 
 class DuelingDQN(_BoltsModule):
@@ -492,6 +500,7 @@ class DuelingDQN(_BoltsModule):
 
     ALGO = "dueling_dqn"
     BOLTS_KEYWORDS = _DQN_KEYWORDS
+    IMPLIED = _DQN_IMPLIED
 
 
 class NoisyDQN(_BoltsModule):
@@ -499,6 +508,7 @@ class NoisyDQN(_BoltsModule):
 
     ALGO = "noisy_dqn"
     BOLTS_KEYWORDS = _DQN_KEYWORDS
+    IMPLIED = _DQN_IMPLIED
 
 
 class PERDQN(_BoltsModule):
@@ -507,6 +517,7 @@ class PERDQN(_BoltsModule):
     ALGO = "dqn"
     PRESET: ClassVar[dict[str, Any]] = {"use_per": True}
     BOLTS_KEYWORDS = _DQN_KEYWORDS
+    IMPLIED = _DQN_IMPLIED
 
 
 class Reinforce(_BoltsModule):
