@@ -471,53 +471,49 @@ class _BoltsModule(JaderlModule):
         return cls.ALGO
 
 
-_DQN_KEYWORDS = {**_BoltsModule.BOLTS_KEYWORDS, "eps_start": "epsilon_start", "eps_end": "epsilon_end",
-                 "eps_last_frame": "epsilon_decay_steps", "sync_rate": "target_update_every",
-                 "batch_size": "batch_size", "replay_size": "buffer_size", "warm_start_size": "warmup_steps",
-                 "n_steps": "n_step"}
-_DQN_IMPLIED = {"sync_rate": {"tau": 1.0}}  # Bolts copies the network every sync_rate steps; jaderl may average
+class _BoltsDQN(_BoltsModule):
+    """The DQN family's Bolts keywords. Bolts copies the target network every ``sync_rate`` steps, so ``sync_rate``
+    also sets ``tau=1`` (a copy) unless ``tau`` is given: a zoo entry may average the target instead."""
+
+    BOLTS_KEYWORDS: ClassVar[dict[str, str]] = {
+        **_BoltsModule.BOLTS_KEYWORDS, "eps_start": "epsilon_start", "eps_end": "epsilon_end",
+        "eps_last_frame": "epsilon_decay_steps", "sync_rate": "target_update_every", "batch_size": "batch_size",
+        "replay_size": "buffer_size", "warm_start_size": "warmup_steps", "n_steps": "n_step"}
+    IMPLIED: ClassVar[dict[str, dict[str, Any]]] = {"sync_rate": {"tau": 1.0}}
+
+
 _PG_KEYWORDS = {**_BoltsModule.BOLTS_KEYWORDS, "lr": "lr", "entropy_beta": "ent_coef", "critic_beta": "vf_coef"}
 
 
-class DQN(_BoltsModule):
+class DQN(_BoltsDQN):
     """Deep Q-Network (jaderl ``dqn``): ``DQN("CartPole-v1")``."""
 
     ALGO = "dqn"
-    BOLTS_KEYWORDS = _DQN_KEYWORDS
-    IMPLIED = _DQN_IMPLIED
 
 
-class DoubleDQN(_BoltsModule):
+class DoubleDQN(_BoltsDQN):
     """Double DQN (jaderl ``double_dqn``)."""
 
     ALGO = "double_dqn"
-    BOLTS_KEYWORDS = _DQN_KEYWORDS
-    IMPLIED = _DQN_IMPLIED
 
 
-class DuelingDQN(_BoltsModule):
+class DuelingDQN(_BoltsDQN):
     """Dueling DQN (jaderl ``dueling_dqn``)."""
 
     ALGO = "dueling_dqn"
-    BOLTS_KEYWORDS = _DQN_KEYWORDS
-    IMPLIED = _DQN_IMPLIED
 
 
-class NoisyDQN(_BoltsModule):
+class NoisyDQN(_BoltsDQN):
     """Noisy DQN (jaderl ``noisy_dqn``: noisy layers explore, epsilon is 0)."""
 
     ALGO = "noisy_dqn"
-    BOLTS_KEYWORDS = _DQN_KEYWORDS
-    IMPLIED = _DQN_IMPLIED
 
 
-class PERDQN(_BoltsModule):
+class PERDQN(_BoltsDQN):
     """DQN with prioritized experience replay (jaderl ``dqn`` with ``use_per=True``)."""
 
     ALGO = "dqn"
     PRESET: ClassVar[dict[str, Any]] = {"use_per": True}
-    BOLTS_KEYWORDS = _DQN_KEYWORDS
-    IMPLIED = _DQN_IMPLIED
 
 
 class Reinforce(_BoltsModule):
