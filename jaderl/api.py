@@ -56,8 +56,8 @@ def _run_dir(run_dir: Any) -> Path:
 def make_config(algo: str, env: str, **settings: Any) -> Config:
     """The validated config of ``algo`` on ``env``: class defaults, then the algorithm's preset, then
     ``clip_rewards=True`` for an Atari id (``ALE/...``, ``PongNoFrameskip-v4``), then the zoo's tuned settings for
-    the pair (:mod:`jaderl.zoo`; not with ``zoo=False``), then ``settings`` (a stock-trading id's relative ``csv=``
-    path is made absolute)."""
+    the pair (:mod:`jaderl.zoo`; not with ``zoo=False``, and without the entry's settings that go together with one
+    in ``settings``), then ``settings`` (a stock-trading id's relative ``csv=`` path is made absolute)."""
     if not isinstance(algo, str) or algo not in ALGOS:
         raise ConfigError(f"unknown algorithm {algo!r}; choose one of: {', '.join(ALGOS)}")
     if not isinstance(env, str):
@@ -66,7 +66,7 @@ def make_config(algo: str, env: str, **settings: Any) -> Config:
     settings = {k: v for k, v in settings.items() if k not in ("algo", "env")}
     env = with_absolute_csv(env)  # a run must find its price file again when resumed from another directory
     atari = {"clip_rewards": True} if is_atari_id(env) else {}  # the standard for Atari, unless set
-    tuned = zoo_entry.settings if (zoo_entry := zoo_for(algo, env, settings)) else {}
+    tuned = zoo_entry.applied(settings) if (zoo_entry := zoo_for(algo, env, settings)) else {}
     return spec.agent_cls.config_cls.from_dict({**spec.preset, **atari, **tuned, **settings, "algo": algo,
                                                 "env": env})
 

@@ -389,11 +389,16 @@ def _train(args: argparse.Namespace) -> TrainResult:
     _refuse_own_arguments(args, api.train, settings, "--config or --set")
     named = isinstance(given["algo"], str) and isinstance(given["env"], str)  # (else make_config says what is wrong)
     entry = api.zoo_for(given["algo"], given["env"], settings) if named and given["algo"] in api.ALGOS else None
-    used = "" if entry is None else entry.describe(skip=tuple(settings))
+    left_out = [] if entry is None else entry.left_out(settings)
+    used = "" if entry is None else entry.describe(skip=(*settings, *left_out))
     header = "" if entry is None else (
         f"zoo: tuned settings for {given['algo']} on {entry.envs[0]} ({entry.source}): {used}; settings you give win, "
         "--no-zoo leaves them out" if used else f"zoo: every tuned setting of {entry.source} for {given['algo']} on "
         f"{entry.envs[0]} is overridden by yours")
+    if left_out:  # (entry is not None)
+        yours = [k for k in settings if set(entry.together.get(k, ())) & set(left_out)]  # type: ignore[union-attr]
+        header += (f"; its {', '.join(left_out)} left out too: {'it goes' if len(left_out) == 1 else 'they go'} with "
+                   f"its {', '.join(yours)}, which you set")
     printer = ProgressPrinter(header)
     with printer.warnings_below_header():
         return api.train(given["algo"], given["env"], progress=printer, **settings)

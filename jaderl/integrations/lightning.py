@@ -445,8 +445,6 @@ class _BoltsModule(JaderlModule):
     PRESET: ClassVar[dict[str, Any]] = {}
     """Settings that make this variant (below the user's own)."""
     BOLTS_KEYWORDS: ClassVar[dict[str, str]] = {"learning_rate": "lr", "gamma": "gamma", "seed": "seed"}
-    IMPLIED: ClassVar[dict[str, dict[str, Any]]] = {}
-    """Bolts keywords that carry more of Bolts' meaning: the jaderl settings each implies unless given."""
 
     def __init__(self, env: str, **settings: Any) -> None:
         translated: dict[str, Any] = {}
@@ -459,9 +457,6 @@ class _BoltsModule(JaderlModule):
                                   "same value or pass only one")
             translated[name] = value
             given_as.setdefault(name, key)
-        for key, implied in self.IMPLIED.items():
-            if key in settings:
-                translated = {**implied, **translated}
         super().__init__(self.algo_for(_env_id(env)), _env_id(env), **{**self.PRESET, **translated})
 
     @classmethod
@@ -472,14 +467,14 @@ class _BoltsModule(JaderlModule):
 
 
 class _BoltsDQN(_BoltsModule):
-    """The DQN family's Bolts keywords. Bolts copies the target network every ``sync_rate`` steps, so ``sync_rate``
-    also sets ``tau=1`` (a copy) unless ``tau`` is given: a zoo entry may average the target instead."""
+    """The DQN family's Bolts keywords. Bolts copies the target network every ``sync_rate`` steps: as jaderl's
+    ``target_update_every``, it leaves out a zoo entry's ``tau`` (an entry that averages the target instead), so the
+    target is copied unless ``tau`` is given too."""
 
     BOLTS_KEYWORDS: ClassVar[dict[str, str]] = {
         **_BoltsModule.BOLTS_KEYWORDS, "eps_start": "epsilon_start", "eps_end": "epsilon_end",
         "eps_last_frame": "epsilon_decay_steps", "sync_rate": "target_update_every", "batch_size": "batch_size",
         "replay_size": "buffer_size", "warm_start_size": "warmup_steps", "n_steps": "n_step"}
-    IMPLIED: ClassVar[dict[str, dict[str, Any]]] = {"sync_rate": {"tau": 1.0}}
 
 
 _PG_KEYWORDS = {**_BoltsModule.BOLTS_KEYWORDS, "lr": "lr", "entropy_beta": "ent_coef", "critic_beta": "vf_coef"}

@@ -22,6 +22,8 @@ def test_every_entry_is_a_valid_config_on_each_of_its_envs(entry: zoo.ZooEntry) 
         config = jaderl.make_config(entry.algo, env)
         for key, value in entry.settings.items():
             assert getattr(config, key) == value, (entry.source, entry.algo, key)
+        for key, goes in entry.together.items():  # a misspelt name would leave nothing out
+            assert hasattr(config, key) and goes and set(goes) <= set(entry.settings), (entry.source, entry.algo, key)
 
 
 def test_every_single_agent_algorithm_has_an_entry_on_cartpole_or_pendulum() -> None:
@@ -56,6 +58,28 @@ def test_make_config_applies_the_entry_below_given_settings() -> None:
     assert jaderl.make_config("double_dqn", "CartPole-v1").double
 
 
+def test_a_given_setting_leaves_out_the_entry_settings_that_go_with_it() -> None:
+    """dqn's CartPole entry Polyak-averages its target after every gradient step: a user's own interval asks for
+    copies, so tau stays at its default; a user's own tau keeps the entry's interval. gSDE's log_std_init goes too
+    when use_sde is given."""
+    plain = jaderl.make_config("dqn", "CartPole-v1", zoo=False)
+    tuned = jaderl.make_config("dqn", "CartPole-v1")
+    assert (tuned.target_update_every, tuned.tau) == (1, 0.02) and plain.tau == 1.0
+    copies = jaderl.make_config("dqn", "CartPole-v1", target_update_every=100)
+    assert (copies.target_update_every, copies.tau) == (100, plain.tau)
+    assert copies.n_step == tuned.n_step  # the rest of the entry stays
+    polyak = jaderl.make_config("dqn", "CartPole-v1", tau=0.005)
+    assert (polyak.target_update_every, polyak.tau) == (1, 0.005)
+    assert jaderl.make_config("dqn", "CartPole-v1", target_update_every=10, tau=0.5).tau == 0.5  # both given
+    gaussian = jaderl.make_config("a2c", "BipedalWalker-v3", use_sde=False)
+    assert not gaussian.use_sde and gaussian.log_std_init == jaderl.make_config("a2c", "BipedalWalker-v3",
+                                                                                zoo=False).log_std_init
+    assert jaderl.make_config("a2c", "BipedalWalker-v3").log_std_init == -2.0
+    entry = zoo.lookup("dqn", "CartPole-v1")
+    assert entry is not None and entry.left_out(["target_update_every"]) == ["tau"]
+    assert entry.left_out(["tau"]) == [] and entry.left_out(["target_update_every", "tau"]) == []
+
+
 def test_lookup_ignores_env_options_and_misses_cleanly() -> None:
     assert zoo.lookup("maddpg", "jaderl/simple_spread?continuous=true") is zoo.lookup("maddpg", "jaderl/simple_spread")
     assert zoo.lookup("ppo", "jaderl/Acrobot-v1") is None
@@ -87,6 +111,14 @@ def test_cli_says_which_zoo_entry_it_used_and_no_zoo_leaves_it_out(tmp_path: Pat
     saved = yaml.safe_load((tmp_path / "plain" / "config.yaml").read_text())
     assert saved["zoo"] is False
     assert saved["horizon"] == jaderl.make_config("ppo", "jaderl/CartPole-v1", zoo=False).horizon
+    code, err = _train_cli(["dqn", "jaderl/CartPole-v1", "--run-dir", str(tmp_path / "dqn"), "--set",
+                            "target_update_every=100", *small], capsys)
+    assert code == 0
+    line = next(line for line in err.splitlines() if line.startswith("zoo:"))
+    assert "n_step=3" in line and "tau" not in line.split(";")[0]
+    assert line.endswith("; its tau left out too: it goes with its target_update_every, which you set")
+    saved = yaml.safe_load((tmp_path / "dqn" / "config.yaml").read_text())
+    assert (saved["target_update_every"], saved["tau"]) == (100, 1.0)
 
 
 def test_the_docs_page_lists_every_entry() -> None:
