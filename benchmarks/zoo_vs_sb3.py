@@ -14,9 +14,12 @@ compute. SB3 trains its PPO with RL Zoo's hyperparameters for the task (``TASKS`
 ``VecNormalize`` of observations and rewards), SB3's defaults otherwise. Both are CPU runs on Gymnasium's env. The score
 of a run is the mean return of 10 deterministic episodes of its final policy (jaderl's evaluation at the end of the
 budget; SB3's ``evaluate_policy`` on a new env seeded ``seed + 1``, with the training run's observation statistics); a
-run stopped by ``--time-cap`` is marked so and scored the same way. Target: the final policy reaches the task's
-threshold at RL Zoo's budget or fewer. Each env's table goes to its own ``## zoo_vs_sb3: ENV`` section of
-benchmarks/RESULTS.md.
+run stopped by ``--time-cap`` is marked so and scored the same way. Ten episodes move a settled policy's score by a
+few points, so each run is also scored on ``--eval-episodes`` (100: Gymnasium's definition of solving a task, an average
+over 100 consecutive trials) new episodes seeded ``10,000 + seed``: its final policy, and for jaderl the policy that
+``jaderl.load`` and ``jaderl eval`` give by default (the best that its evaluations found). Target: the final policy
+reaches the task's threshold at RL Zoo's budget or fewer. Each env's table goes to its own ``## zoo_vs_sb3: ENV``
+section of benchmarks/RESULTS.md.
 """
 
 from __future__ import annotations
@@ -24,8 +27,10 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import multiprocessing
 import platform
+import shlex
 import statistics
 import sys
 import tempfile
@@ -40,6 +45,8 @@ from results_md import write_section
 
 # rl-baselines3-zoo, hyperparams/ppo.yml: budget (n_timesteps), the threshold to reach, SB3's settings
 # RL Zoo's `mujoco-defaults` (its Ant entry; jaderl's Hopper entry uses them too): SB3's PPO defaults
+EVAL_SEED = 10_000
+"""The seed of the longer evaluations' first episode, plus the run's seed."""
 _MUJOCO_DEFAULTS = {"n_envs": 1, "normalize": True}
 TASKS: dict[str, dict[str, Any]] = {
     "LunarLanderContinuous-v3": {"budget": 1_000_000, "threshold": 200, "sb3": {
@@ -58,18 +65,21 @@ TASKS: dict[str, dict[str, Any]] = {
 }
 
 
-def run(library: str, env_id: str, seed: int, budget: int, time_cap: float, env_workers: int) -> dict[str, Any]:
+def run(library: str, env_id: str, seed: int, budget: int, time_cap: float, env_workers: int,
+        episodes: int) -> dict[str, Any]:
     """One run's row; a run that fails is a row with its error (the other runs go on)."""
     start = time.perf_counter()
     try:
-        return _train(library, env_id, seed, budget, time_cap, env_workers)
+        return _train(library, env_id, seed, budget, time_cap, env_workers, episodes)
     except Exception as exc:  # reported in the table
         return {"library": "jaderl" if library == "jaderl" else "SB3", "env": env_id, "seed": seed,
-                "score": float("nan"), "steps": 0, "stop": f"error: {type(exc).__name__}: {exc}"[:200],
+                "score": float("nan"), "final": float("nan"), "best": float("nan"), "steps": 0,
+                "stop": f"error: {type(exc).__name__}: {exc}"[:200],
                 "wall_s": time.perf_counter() - start}
 
 
-def _train(library: str, env_id: str, seed: int, budget: int, time_cap: float, env_workers: int) -> dict[str, Any]:
+def _train(library: str, env_id: str, seed: int, budget: int, time_cap: float, env_workers: int,
+           episodes: int) -> dict[str, Any]:
     import torch
 
     torch.set_num_threads(1)
@@ -82,8 +92,11 @@ def _train(library: str, env_id: str, seed: int, budget: int, time_cap: float, e
         with tempfile.TemporaryDirectory() as tmp:
             result = jaderl.train("ppo", env_id, seed=seed, device="cpu", total_steps=budget, time_limit=time_cap,
                                   run_dir=f"{tmp}/run", **extra)
-        return {"library": library, "env": env_id, "seed": seed, "score": result.last_eval_return,
-                "steps": result.steps, "stop": result.stop_reason, "wall_s": time.perf_counter() - start}
+            wall_s = time.perf_counter() - start
+            final, best = (jaderl.evaluate(f"{tmp}/run", episodes=episodes, seed=EVAL_SEED + seed, best=b)["mean"]
+                           for b in (False, True))
+        return {"library": library, "env": env_id, "seed": seed, "score": result.last_eval_return, "final": final,
+                "best": best, "steps": result.steps, "stop": result.stop_reason, "wall_s": wall_s}
     import torch
     from stable_baselines3 import PPO
     from stable_baselines3.common.callbacks import BaseCallback
@@ -114,25 +127,38 @@ def _train(library: str, env_id: str, seed: int, budget: int, time_cap: float, e
         eval_env = VecNormalize(eval_env, training=False, norm_reward=False)
         eval_env.obs_rms = env.obs_rms
     score, _ = evaluate_policy(model, eval_env, n_eval_episodes=10, deterministic=True)
-    return {"library": "SB3", "env": env_id, "seed": seed, "score": float(score), "steps": steps,
-            "stop": "total_steps" if steps >= budget else "time_limit", "wall_s": time.perf_counter() - start}
+    wall_s = time.perf_counter() - start
+    eval_env = make_vec_env(env_id, n_envs=1, seed=EVAL_SEED + seed)
+    if normalize:
+        eval_env = VecNormalize(eval_env, training=False, norm_reward=False)
+        eval_env.obs_rms = env.obs_rms
+    final, _ = evaluate_policy(model, eval_env, n_eval_episodes=episodes, deterministic=True)
+    return {"library": "SB3", "env": env_id, "seed": seed, "score": float(score), "final": float(final),
+            "best": float("nan"), "steps": steps, "stop": "total_steps" if steps >= budget else "time_limit",
+            "wall_s": wall_s}
 
 
 def section(env_id: str, results: list[dict[str, Any]], budget: int, args: argparse.Namespace) -> str:
     threshold = TASKS[env_id]["threshold"]
-    rows = ["| library | seed | final score (10 episodes) | env steps | stopped by | wall time (s) |",
-            "|---|---:|---:|---:|---|---:|"]
-    rows += [f"| {r['library']} | {r['seed']} | {r['score']:.1f} | {r['steps']:,} | {r['stop']} | {r['wall_s']:.0f} |"
-             for r in results]
+    n = args.eval_episodes
+    rows = [f"| library | seed | final score (10 episodes) | final policy, {n} episodes | best evaluated policy, {n} "
+            "episodes | env steps | stopped by | wall time (s) |", "|---|---:|---:|---:|---:|---:|---|---:|"]
+    rows += [f"| {r['library']} | {r['seed']} | {r['score']:.1f} | {r['final']:.1f} | "
+             f"{'-' if math.isnan(r['best']) else format(r['best'], '.1f')} | {r['steps']:,} | {r['stop']} | "
+             f"{r['wall_s']:.0f} |" for r in results]
     summary = []
     for lib in ("jaderl", "SB3"):
         mine = [r for r in results if r["library"] == lib]
-        scores = [r["score"] for r in mine if r["steps"]]
-        if scores:
-            summary.append(f"{lib}: {sum(s >= threshold for s in scores)} of {len(scores)} seeds >= {threshold}, "
-                           f"median {statistics.median(scores):.1f}, median wall time "
-                           f"{statistics.median(r['wall_s'] for r in mine):.0f} s")
-    command = "python benchmarks/zoo_vs_sb3.py " + " ".join(sys.argv[1:])
+        for key, what in (("score", "final policy, 10 episodes"), ("final", f"final policy, {n} episodes"),
+                          ("best", f"best evaluated policy, {n} episodes")):
+            scores = [r[key] for r in mine if r["steps"] and not math.isnan(r[key])]
+            if scores:
+                summary.append(f"{lib} ({what}): {sum(s >= threshold for s in scores)} of {len(scores)} seeds >= "
+                               f"{threshold}, median {statistics.median(scores):.1f}")
+        if mine:
+            summary.append(f"{lib}: median wall time {statistics.median(r['wall_s'] for r in mine):.0f} s "
+                           "(training)")
+    command = "python benchmarks/zoo_vs_sb3.py " + shlex.join(sys.argv[1:])
     workers = f", jaderl's sub-envs in {args.env_workers} worker processes" if args.env_workers else ""
     return "\n".join([
         f"## zoo_vs_sb3: {env_id}", "", f"Command: `{command.strip()}`  ",
@@ -154,6 +180,7 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=2, help="runs at a time")
     parser.add_argument("--env-workers", type=int, default=0, help="worker processes for jaderl's sub-envs")
     parser.add_argument("--time-cap", type=float, default=3600.0, help="seconds of training per run at most")
+    parser.add_argument("--eval-episodes", type=int, default=100, help="episodes of the second scores")
     parser.add_argument("--write", action="store_true", help="record the tables in benchmarks/RESULTS.md")
     args = parser.parse_args()
     envs = [e for e in args.envs.split(",") if e]
@@ -162,7 +189,8 @@ def main() -> None:
     seeds = [int(s) for s in args.seeds.split(",") if s]
     sb3_seeds = seeds if args.sb3_seeds is None else [int(s) for s in args.sb3_seeds.split(",") if s]
     budgets = {env: args.budget or TASKS[env]["budget"] for env in envs}
-    jobs = [(lib, env, seed, budgets[env], args.time_cap, args.env_workers if lib == "jaderl" else 0)
+    jobs = [(lib, env, seed, budgets[env], args.time_cap, args.env_workers if lib == "jaderl" else 0,
+             args.eval_episodes)
             for env in envs for lib, lib_seeds in (("jaderl", seeds), ("sb3", sb3_seeds)) for seed in lib_seeds]
     jobs.sort(key=lambda job: -budgets[job[1]])  # the longest first
     results = []
