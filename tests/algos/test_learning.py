@@ -51,7 +51,7 @@ CASES: dict[str, tuple[str, str, float, dict[str, Any]]] = {
 }
 
 
-SECONDS = {"modsac-pendulum": 65, "noisy_dqn-cartpole": 50, "td3-pendulum": 40, "sac-pendulum": 35,
+SECONDS = {"modsac-pendulum": 65, "noisy_dqn-cartpole": 25, "td3-pendulum": 40, "sac-pendulum": 35,
            "a2c-pendulum": 35, "redq-pendulum": 35, "sac-bfloat16-pendulum": 80, "sac-gsde-pendulum": 35,
            "vpg-pendulum": 30, "dqn-cartpole": 15, "dqn-per-3step-cartpole": 20, "d3qn-cartpole": 30,
            "dueling_dqn-cartpole": 30, "ppo-gsde-config-pendulum": 30, "double_dqn-cartpole": 25,
