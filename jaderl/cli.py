@@ -395,8 +395,8 @@ def _train(args: argparse.Namespace) -> TrainResult:
         f"zoo: tuned settings for {given['algo']} on {entry.envs[0]} ({entry.source}): {used}; settings you give win, "
         "--no-zoo leaves them out" if used else f"zoo: every tuned setting of {entry.source} for {given['algo']} on "
         f"{entry.envs[0]} is overridden by yours")
-    if left_out:  # (entry is not None)
-        yours = [k for k in settings if set(entry.together.get(k, ())) & set(left_out)]  # type: ignore[union-attr]
+    if entry is not None and left_out:
+        yours = [k for k in settings if set(entry.together.get(k, ())) & set(left_out)]
         header += (f"; its {', '.join(left_out)} left out too: {'it goes' if len(left_out) == 1 else 'they go'} with "
                    f"its {', '.join(yours)}, which you set")
     printer = ProgressPrinter(header)

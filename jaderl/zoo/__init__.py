@@ -16,8 +16,8 @@ Each YAML file in this package is one task:
 :func:`jaderl.make_config` (and so ``jaderl train``, :func:`jaderl.train`, the Lightning adapter and population
 members) applies an entry on top of the algorithm's defaults and preset, and below every setting given explicitly;
 ``zoo=False`` (``jaderl train --no-zoo``) leaves it out. A setting given explicitly also leaves out the entry's
-settings that go ``together`` with it. A run's ``config.yaml`` holds the resolved settings, so
-resuming never consults the zoo again.
+settings that go ``together`` with it. A run's ``config.yaml`` holds the resolved settings, so resuming never consults
+the zoo again.
 """
 
 from __future__ import annotations
