@@ -43,10 +43,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from results_md import write_section
 
-# rl-baselines3-zoo, hyperparams/ppo.yml: budget (n_timesteps), the threshold to reach, SB3's settings
-# RL Zoo's `mujoco-defaults` (its Ant entry; jaderl's Hopper entry uses them too): SB3's PPO defaults
 EVAL_SEED = 10_000
 """The seed of the longer evaluations' first episode, plus the run's seed."""
+
+# rl-baselines3-zoo, hyperparams/ppo.yml: budget (n_timesteps), the threshold to reach, SB3's settings
+# RL Zoo's `mujoco-defaults` (its Ant entry; jaderl's Hopper entry uses them too): SB3's PPO defaults
 _MUJOCO_DEFAULTS = {"n_envs": 1, "normalize": True}
 TASKS: dict[str, dict[str, Any]] = {
     "LunarLanderContinuous-v3": {"budget": 1_000_000, "threshold": 200, "sb3": {
