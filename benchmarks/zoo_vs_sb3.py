@@ -17,9 +17,10 @@ budget; SB3's ``evaluate_policy`` on a new env seeded ``seed + 1``, with the tra
 run stopped by ``--time-cap`` is marked so and scored the same way. Ten episodes move a settled policy's score by a
 few points, so each run is also scored on ``--eval-episodes`` (100: Gymnasium's definition of solving a task, an average
 over 100 consecutive trials) new episodes seeded ``10,000 + seed``: its final policy, and for jaderl the policy that
-``jaderl.load`` and ``jaderl eval`` give by default (the best that its evaluations found). Target: the final policy
-reaches the task's threshold at RL Zoo's budget or fewer. Each env's table goes to its own ``## zoo_vs_sb3: ENV``
-section of benchmarks/RESULTS.md.
+``jaderl.load`` and ``jaderl eval`` give by default (the best that its evaluations found). Target: the task's
+threshold at RL Zoo's budget or fewer; the summary counts the seeds that reach it for each of the three scores (the
+final policy over 10 and over ``--eval-episodes`` episodes, the policy jaderl gives over ``--eval-episodes``). Each
+env's table goes to its own ``## zoo_vs_sb3: ENV`` section of benchmarks/RESULTS.md.
 """
 
 from __future__ import annotations
